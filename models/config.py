@@ -1,0 +1,187 @@
+"""Gemma 4 text configuration, read from a Hugging Face `config.json`.
+
+One frozen dataclass holds exactly the keys the text decoder uses. It accepts the multimodal
+wrapper (`Gemma4ForConditionalGeneration`, keys under `text_config`) and a text-only file alike.
+Unknown keys are ignored (the checkpoints carry many vision/audio keys); a missing required key or a
+value of the wrong kind is an error that names the key.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+PUBLISHED = {"e2b": "e2b.json", "e4b": "e4b.json", "26b-a4b": "26b-a4b.json", "31b": "31b.json"}
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Gemma4Config:
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    vocab_size: int = 262144
+    head_dim: int = 256
+    global_head_dim: int = 512
+    num_global_key_value_heads: int | None = None
+    attention_k_eq_v: bool = False
+    sliding_window: int = 512
+    layer_types: tuple[str, ...] = ()
+    num_kv_shared_layers: int = 0
+    use_double_wide_mlp: bool = False
+    hidden_size_per_layer_input: int = 0
+    vocab_size_per_layer_input: int = 262144
+    enable_moe_block: bool = False
+    num_experts: int | None = None
+    top_k_experts: int | None = None
+    moe_intermediate_size: int | None = None
+    max_position_embeddings: int = 131072
+    rope_local_base: float = 10000.0
+    rope_global_base: float = 1000000.0
+    rope_global_partial_factor: float = 0.25
+    final_logit_softcapping: float | None = 30.0
+    rms_norm_eps: float = 1e-6
+    tie_word_embeddings: bool = True
+    hidden_activation: str = "gelu_pytorch_tanh"
+    pad_token_id: int = 0
+    bos_token_id: int = 2
+    eos_token_ids: tuple[int, ...] = (1,)
+    dtype: str = "bfloat16"
+    extra: dict = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self):
+        if not self.layer_types:
+            # HF's default pattern: every sixth layer is full, and the last layer is always full.
+            types = [SLIDING if (i + 1) % 6 else FULL for i in range(self.num_hidden_layers)]
+            types[-1] = FULL
+            object.__setattr__(self, "layer_types", tuple(types))
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(f"layer_types has {len(self.layer_types)} entries, num_hidden_layers is {self.num_hidden_layers}")
+        for t in self.layer_types:
+            if t not in (SLIDING, FULL):
+                raise ConfigError(f"layer_types: unknown layer type {t!r}")
+        if self.enable_moe_block and not (self.num_experts and self.top_k_experts and self.moe_intermediate_size):
+            raise ConfigError("enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size")
+        if self.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
+            raise ConfigError(f"hidden_activation: only gelu_pytorch_tanh is used by Gemma 4, got {self.hidden_activation!r}")
+        if not 0 <= self.num_kv_shared_layers < self.num_hidden_layers:
+            raise ConfigError("num_kv_shared_layers must be in [0, num_hidden_layers)")
+
+    # ---- derived facts, named once --------------------------------------------------------
+    @property
+    def has_ple(self) -> bool:
+        return self.hidden_size_per_layer_input > 0
+
+    @property
+    def first_kv_shared_layer(self) -> int:
+        """Index of the first layer that reads another layer's K/V (== num layers when none do)."""
+        return self.num_hidden_layers - self.num_kv_shared_layers
+
+    def is_sliding(self, layer: int) -> bool:
+        return self.layer_types[layer] == SLIDING
+
+    def layer_head_dim(self, layer: int) -> int:
+        return self.head_dim if self.is_sliding(layer) else self.global_head_dim
+
+    def layer_k_eq_v(self, layer: int) -> bool:
+        return self.attention_k_eq_v and not self.is_sliding(layer)
+
+    def layer_kv_heads(self, layer: int) -> int:
+        if self.layer_k_eq_v(layer) and self.num_global_key_value_heads:
+            return self.num_global_key_value_heads
+        return self.num_key_value_heads
+
+    def layer_intermediate(self, layer: int) -> int:
+        wide = self.use_double_wide_mlp and self.num_kv_shared_layers > 0 and layer >= self.first_kv_shared_layer
+        return self.intermediate_size * (2 if wide else 1)
+
+    def kv_source(self, layer: int) -> int:
+        """The layer whose cache `layer` attends over: itself, or for a KV-shared layer the last
+        layer of the same type before the shared block (HF `kv_shared_layer_index`)."""
+        first = self.first_kv_shared_layer
+        if self.num_kv_shared_layers == 0 or layer < first:
+            return layer
+        same = [i for i in range(first) if self.layer_types[i] == self.layer_types[layer]]
+        if not same:
+            raise ConfigError(f"layer {layer} is KV-shared but no earlier {self.layer_types[layer]} layer owns a cache")
+        return same[-1]
+
+    def to_hf_text_config(self) -> dict:
+        """The HF `text_config` dict that reproduces this config (used to write checkpoints)."""
+        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "eos_token_ids", "rope_local_base",
+                                                                   "rope_global_base", "rope_global_partial_factor")}
+        d["layer_types"] = list(self.layer_types)
+        d["eos_token_id"] = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
+        d["rope_parameters"] = {
+            SLIDING: {"rope_type": "default", "rope_theta": self.rope_local_base},
+            FULL: {"rope_type": "proportional", "rope_theta": self.rope_global_base,
+                   "partial_rotary_factor": self.rope_global_partial_factor},
+        }
+        d["model_type"] = "gemma4_text"
+        return d
+
+
+_INT_KEYS = {f.name for f in fields(Gemma4Config) if f.type in ("int", "int | None")}
+_REQUIRED = [f.name for f in fields(Gemma4Config) if f.default is MISSING and f.default_factory is MISSING]
+
+
+def config_from_dict(raw: dict, source: str = "config") -> Gemma4Config:
+    """Build a config from a HF config dict (multimodal wrapper or text-only)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{source}: expected a JSON object")
+    text = raw.get("text_config", raw)
+    if not isinstance(text, dict):
+        raise ConfigError(f"{source}: text_config must be an object")
+    missing = [k for k in _REQUIRED if text.get(k) is None]
+    if missing:
+        raise ConfigError(f"{source}: missing required key(s) {', '.join(missing)}")
+    known = {f.name for f in fields(Gemma4Config)}
+    kw = {k: v for k, v in text.items() if k in known and v is not None and k not in ("extra",)}
+    for k in list(kw):
+        if k in _INT_KEYS and not (isinstance(kw[k], int) and not isinstance(kw[k], bool)):
+            raise ConfigError(f"{source}: key {k!r} must be an integer, got {kw[k]!r}")
+    if "layer_types" in kw:
+        kw["layer_types"] = tuple(kw["layer_types"])
+    rope = text.get("rope_parameters") or {}
+    if SLIDING in rope:
+        kw["rope_local_base"] = float(rope[SLIDING].get("rope_theta", 10000.0))
+    if FULL in rope:
+        kw["rope_global_base"] = float(rope[FULL].get("rope_theta", 1e6))
+        kw["rope_global_partial_factor"] = float(rope[FULL].get("partial_rotary_factor", 0.25))
+        if rope[FULL].get("rope_type", "proportional") != "proportional":
+            raise ConfigError(f"{source}: rope_parameters.full_attention.rope_type must be 'proportional'")
+    eos = raw.get("eos_token_id", text.get("eos_token_id", 1))
+    kw["eos_token_ids"] = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
+    if "dtype" not in kw and "torch_dtype" in text:
+        kw["dtype"] = text["torch_dtype"]
+    try:
+        return Gemma4Config(**kw)
+    except TypeError as e:
+        raise ConfigError(f"{source}: {e}") from None
+
+
+def load_config(path_or_name: str | Path) -> Gemma4Config:
+    """Load from a model directory, a config.json path, or a published size name (e2b, e4b, 26b-a4b, 31b)."""
+    key = str(path_or_name).lower()
+    if key in PUBLISHED:
+        p = CONFIG_DIR / PUBLISHED[key]
+    else:
+        p = Path(path_or_name)
+        if p.is_dir():
+            p = p / "config.json"
+    if not p.is_file():
+        raise ConfigError(f"no config.json at {p} (and {path_or_name!r} is not one of {', '.join(PUBLISHED)})")
+    try:
+        raw = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{p}: not valid JSON ({e})") from None
+    return config_from_dict(raw, str(p))

@@ -1,0 +1,180 @@
+"""The KV layout: every number about Gemma 4's caches, derived from the config in one place.
+
+Gemma 4 caches in two groups that differ in head dim and in lifetime:
+
+* the **sliding** group (head_dim 256, window W = 512 or 1024 keys counting the current token): a
+  request needs only its last W-1 positions plus the tokens of the step being computed;
+* the **full** group (head_dim 512; on k_eq_v sizes fewer KV heads): a request needs every position.
+
+KV-shared layers (E2B/E4B) own no cache; they read the cache of `kv_source`. Kernels, export, the
+page pools and `g4rt plan` all read this module; nothing else derives these numbers.
+
+Pages. Both groups take pages from one arena of equal-sized *frames* so memory can move between
+the groups as the workload shifts. A frame holds one page of either group: for every cache-owning
+layer of that group a K block then a V block, each `[page_tokens, kv_heads, head_dim]`. The sliding
+group's page has `page_tokens` positions; the full group gets as many positions as fit in the same
+frame, rounded down to a multiple of `align` (so kernel tiles never straddle a page).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .config import Gemma4Config
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    index: int
+    sliding: bool
+    head_dim: int
+    num_q_heads: int
+    num_kv_heads: int
+    window: int | None  # W keys including the current one; None on full layers
+    k_eq_v: bool
+    source: int  # layer whose cache this layer reads (== index when it owns one)
+
+    @property
+    def owns_cache(self) -> bool:
+        return self.source == self.index
+
+    @property
+    def group(self) -> str:
+        return "sliding" if self.sliding else "full"
+
+
+@dataclass(frozen=True)
+class CacheGroup:
+    name: str  # "sliding" | "full"
+    layers: tuple[int, ...]  # cache-owning layers of this group, in model order
+    head_dim: int
+    num_kv_heads: int
+    window: int | None
+    dtype_bytes: int
+
+    @property
+    def bytes_per_token_per_layer(self) -> int:
+        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes  # K and V
+
+    @property
+    def bytes_per_token(self) -> int:
+        return len(self.layers) * self.bytes_per_token_per_layer
+
+    def resident_positions(self, context: int, chunk: int = 1) -> int:
+        """Positions this group must hold for one request at `context` while computing `chunk` tokens."""
+        if self.window is None:
+            return context
+        return min(context, self.window - 1 + chunk)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    config: Gemma4Config
+    layers: tuple[LayerKV, ...]
+    sliding: CacheGroup
+    full: CacheGroup
+
+    @classmethod
+    def from_config(cls, cfg: Gemma4Config, dtype: str | None = None) -> "KVLayout":
+        nbytes = DTYPE_BYTES[dtype or cfg.dtype]
+        layers = tuple(
+            LayerKV(
+                index=i,
+                sliding=cfg.is_sliding(i),
+                head_dim=cfg.layer_head_dim(i),
+                num_q_heads=cfg.num_attention_heads,
+                num_kv_heads=cfg.layer_kv_heads(i),
+                window=cfg.sliding_window if cfg.is_sliding(i) else None,
+                k_eq_v=cfg.layer_k_eq_v(i),
+                source=cfg.kv_source(i),
+            )
+            for i in range(cfg.num_hidden_layers)
+        )
+
+        def group(sliding: bool) -> CacheGroup:
+            owners = tuple(l.index for l in layers if l.sliding == sliding and l.owns_cache)
+            heads = {layers[i].num_kv_heads for i in owners} or {0}
+            assert len(heads) == 1, "a cache group must have one KV head count"
+            return CacheGroup(
+                name="sliding" if sliding else "full",
+                layers=owners,
+                head_dim=cfg.head_dim if sliding else cfg.global_head_dim,
+                num_kv_heads=heads.pop(),
+                window=cfg.sliding_window if sliding else None,
+                dtype_bytes=nbytes,
+            )
+
+        return cls(cfg, layers, group(True), group(False))
+
+    @property
+    def groups(self) -> tuple[CacheGroup, CacheGroup]:
+        return (self.sliding, self.full)
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.sliding.bytes_per_token + self.full.bytes_per_token
+
+    def request_bytes(self, context: int, *, keep_all: bool, chunk: int = 1) -> int:
+        """KV bytes of one request at `context` positions: every position in every owning layer
+        (`keep_all`), or the sliding group holding only its window (W-1 old positions + the chunk)."""
+        if keep_all:
+            return self.bytes_per_token * context
+        return (self.sliding.bytes_per_token * self.sliding.resident_positions(context, chunk)
+                + self.full.bytes_per_token * context)
+
+
+@dataclass(frozen=True)
+class PageGeometry:
+    """How both groups' pages sit in the arena's frames. Offsets are in elements of the arena dtype."""
+
+    layout: KVLayout
+    page_tokens: dict  # group name -> positions per page
+    frame_elems: int
+    offsets: dict  # layer index (owning) -> (k_offset, v_offset) inside a frame
+
+    @classmethod
+    def build(cls, layout: KVLayout, page_tokens: int = 16, align: int = 16) -> "PageGeometry":
+        if page_tokens <= 0 or align <= 0:
+            raise ValueError("page_tokens and align must be positive")
+        align = min(align, page_tokens)
+        s, f = layout.sliding, layout.full
+        elems = {g.name: g.bytes_per_token // g.dtype_bytes for g in (s, f)}  # per position, all layers
+        tokens = {}
+        if elems["sliding"] and elems["full"]:
+            tokens["sliding"] = page_tokens
+            fit = page_tokens * elems["sliding"] // elems["full"]
+            tokens["full"] = max(align, fit // align * align)
+        else:
+            for name in elems:
+                tokens[name] = page_tokens
+        frame = max(tokens[n] * elems[n] for n in elems)
+        offsets = {}
+        for g in (s, f):
+            block = tokens[g.name] * g.num_kv_heads * g.head_dim
+            for j, layer in enumerate(g.layers):
+                offsets[layer] = (2 * j * block, (2 * j + 1) * block)
+        return cls(layout, tokens, frame, offsets)
+
+    def frame_bytes(self) -> int:
+        return self.frame_elems * self.layout.sliding.dtype_bytes
+
+    def used_fraction(self, group: str) -> float:
+        g = getattr(self.layout, group)
+        return self.page_tokens[group] * g.bytes_per_token / self.frame_bytes()
+
+    def pages_for(self, group: str, positions: int) -> int:
+        return math.ceil(positions / self.page_tokens[group]) if positions > 0 else 0
+
+    def layer_offsets(self, layer: int) -> tuple[int, int]:
+        """(k_offset, v_offset) of the cache that `layer` reads (its own or its KV source's)."""
+        return self.offsets[self.layout.layers[layer].source]
+
+    def sliding_pages_per_request(self, chunk: int) -> int:
+        """Most sliding pages one request holds while it computes a chunk of `chunk` tokens: the
+        window's W-1 old positions plus the chunk, which need not start on a page boundary (+1)."""
+        w = self.layout.sliding.window
+        if w is None or not self.layout.sliding.layers:
+            return 0
+        return math.ceil((w - 1 + chunk) / self.page_tokens["sliding"]) + 1
