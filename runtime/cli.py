@@ -1,0 +1,189 @@
+"""The `g4rt` console script: `generate` and `plan` (and `export`/`build` when export is installed)."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+from g4rt.models.config import PUBLISHED, ConfigError, load_config
+
+from .admission import RequestTooLarge, promise_for
+from .plan import GIB, format_plan, make_plan
+from .sampling import SamplingParams
+
+
+def _token_ids(text: str) -> list[int]:
+    try:
+        ids = [int(t) for t in text.replace(" ", "").split(",") if t]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--token-ids: expected comma-separated integers, got {text!r}") from None
+    if not ids or any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"--token-ids: expected non-negative integers, got {text!r}")
+    return ids
+
+
+def _positive(name: str, kind=int):
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{name}: expected a number, got {text!r}") from None
+        if v <= 0:
+            raise argparse.ArgumentTypeError(f"{name}: must be positive, got {text}")
+        return v
+    return parse
+
+
+def _model_dir(spec: str) -> Path:
+    if spec == "tiny":
+        from g4rt.models.tiny import ensure_tiny
+        return Path(ensure_tiny())
+    path = Path(spec)
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"--model: {spec!r} is not a model directory with a config.json (or 'tiny')")
+    return path
+
+
+def _tokenizer(model_dir: Path):
+    path = model_dir / "tokenizer.json"
+    if not path.is_file():
+        return None
+    from tokenizers import Tokenizer
+    return Tokenizer.from_file(str(path))
+
+
+def cmd_generate(args) -> int:
+    import torch
+
+    from g4rt.models.checkpoint import load_model
+
+    from .llm import LLM
+    from .scheduler import SchedulerConfig
+
+    model_dir = _model_dir(args.model)
+    tok = _tokenizer(model_dir)
+    prompts = list(args.token_ids or [])
+    for text in args.prompt or []:
+        if tok is None:
+            raise SystemExit(f"--prompt needs {model_dir / 'tokenizer.json'}; pass --token-ids instead")
+        prompts.append(tok.encode(text).ids)
+    if not prompts:
+        raise SystemExit("generate: give at least one --token-ids or --prompt")
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = load_model(model_dir, dtype=dtype, device=args.device)
+    try:
+        params = [SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                                 top_p=args.top_p, seed=None if args.seed is None else args.seed + i)
+                  for i in range(len(prompts))]
+    except ValueError as e:
+        raise SystemExit(f"generate: {e}")
+    config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
+    geometry = LLM.geometry_for(model, args.page_tokens)
+    # Default pool: every request at once (their admission promises summed).
+    frames = args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, args.chunk).frames
+                                    for p in prompts)
+    kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
+    llm = LLM.reference(model, **kw) if args.reference else LLM.paged(model, **kw)
+    t0 = time.perf_counter()
+    try:
+        outs = llm.generate(prompts, params)
+    except RequestTooLarge as e:
+        raise SystemExit(f"generate: {e}")
+    wall = time.perf_counter() - t0
+    n_tokens = sum(len(o.token_ids) for o in outs)
+    results = [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
+                "text": tok.decode(o.token_ids) if tok else None, "ttft_s": o.ttft_s,
+                "decode_tokens_per_s": o.decode_tokens_per_s} for o in outs]
+    summary = {"engine": "linear" if args.reference else "paged", "frames": frames, "wall_s": wall,
+               "tokens": n_tokens, "tokens_per_s": n_tokens / wall if wall > 0 else None}
+    if args.json:
+        print(json.dumps({"outputs": results, **summary}))
+    else:
+        for i, r in enumerate(results):
+            print(f"[{i}] {','.join(map(str, r['token_ids']))}  ({r['finish_reason']})")
+            if r["text"] is not None:
+                print(f"    {r['text']!r}")
+        print(f"{n_tokens} tokens in {wall:.2f} s = {summary['tokens_per_s']:.1f} tokens/s ({summary['engine']})")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    names = [args.model] if args.model else list(PUBLISHED)
+    memory = None if args.memory_gib is None else int(args.memory_gib * GIB)
+    plans = []
+    for name in names:
+        try:
+            cfg = load_config(name)
+        except ConfigError as e:
+            raise SystemExit(f"plan: --model: {e}")
+        plans.append(make_plan(name, cfg, context=args.context or cfg.max_position_embeddings, chunk=args.chunk,
+                               page_tokens=args.page_tokens, dtype=args.dtype, memory_bytes=memory))
+    if args.json:
+        print(json.dumps([p.as_dict() for p in plans], indent=1))
+    else:
+        print("\n\n".join(format_plan(p) for p in plans))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="g4rt", description="Gemma 4 text inference: generate, plan capacity.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    g = sub.add_parser("generate", help="generate tokens from one or more prompts",
+                       description="Generate with continuous batching over the paged KV arena "
+                                   "(or the linear reference cache with --reference).")
+    g.add_argument("--model", required=True, help="model directory (config.json + safetensors) or 'tiny'")
+    g.add_argument("--token-ids", type=_token_ids, action="append",
+                   help="a prompt as comma-separated token ids, e.g. 2,15,7 (repeat for several prompts)")
+    g.add_argument("--prompt", action="append", help="a prompt as text (needs tokenizer.json; repeatable)")
+    g.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=16)
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
+    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed; prompt i uses seed + i")
+    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    g.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
+                   help="positions per sliding-group page")
+    g.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
+    g.add_argument("--max-batched-tokens", type=_positive("--max-batched-tokens"), default=512,
+                   help="token budget of one step")
+    g.add_argument("--num-frames", type=_positive("--num-frames"), default=None,
+                   help="KV arena frames (default: enough for every prompt at once)")
+    g.add_argument("--reference", action="store_true", help="use the linear reference cache instead of pages")
+    g.add_argument("--json", action="store_true", help="print one JSON object")
+    g.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("plan", help="KV bytes, page geometry and capacity per model size",
+                       description="Per-token KV bytes of each cache group, per-request KV with every position "
+                                   "kept vs sliding layers keeping W-1+chunk, page geometry, and how many "
+                                   "requests fit in a memory budget after the weights.")
+    p.add_argument("--model", help=f"model directory or size ({', '.join(PUBLISHED)}); default: all four")
+    p.add_argument("--context", type=_positive("--context"), default=None,
+                   help="positions per request (default: the model's max_position_embeddings)")
+    p.add_argument("--memory-gib", type=_positive("--memory-gib", float), default=None,
+                   help="device memory for weights + KV, in GiB")
+    p.add_argument("--chunk", type=_positive("--chunk"), default=1, help="prefill chunk (1 = decode only)")
+    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16)
+    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+                   help="weights and KV dtype (default: the config's)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
+
+    # The export engineer's subcommands (`export`, `build`) appear when that module exists.
+    if importlib.util.find_spec("g4rt.export.cli") is not None:
+        importlib.import_module("g4rt.export.cli").add_subcommands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

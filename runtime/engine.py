@@ -1,0 +1,88 @@
+"""Engines: what turns one `StepBatch` into logits.
+
+`Engine` is the protocol every backend meets (eager torch, exported ONNX Runtime, TensorRT):
+
+    geometry: PageGeometry
+    step(batch: StepBatch, seq_ids: list[int]) -> float32 logits [len(batch.logits_rows), V]
+    release(seq_id) -> None          # a request ended; drop any per-request state
+
+Paged engines ignore `seq_ids` (everything they need is in the batch's page tables). The linear
+reference needs them, because its contiguous caches are keyed by request, not by page.
+
+Byte equality, and why it needs *the same step batches*: CPU (and GPU) matmuls are not
+batch-invariant -- the same row can round differently inside a batch of 3 tokens than inside a batch
+of 7. So a paged run and a linear run only produce identical bits when both see the same token
+batches in the same order. Running both engines behind the one scheduler guarantees that; what is
+then left to differ is exactly the cache (pages vs contiguous rows), which is what the test checks.
+"""
+from __future__ import annotations
+
+from typing import Protocol, Sequence
+
+import torch
+
+from g4rt.models.layout import PageGeometry
+from g4rt.models.step import StepBatch
+
+from .arena import Arena
+
+
+class Engine(Protocol):
+    geometry: PageGeometry
+
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor: ...
+
+    def release(self, seq_id: int) -> None: ...
+
+
+class EagerEngine:
+    """The model in torch eager mode over the paged arena (torch.ops.g4rt kv_write_/paged_attention)."""
+
+    def __init__(self, model, geometry: PageGeometry, arena: Arena):
+        from g4rt.models.paged import PagedStep  # imported here: registers the plugin ops on first use
+
+        if arena.frame_elems != geometry.frame_elems:
+            raise ValueError(f"arena frames hold {arena.frame_elems} elements, geometry needs {geometry.frame_elems}")
+        self.model, self.geometry, self.arena = model, geometry, arena
+        self.paged = PagedStep(model, geometry)
+        self.device = arena.device
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
+        batch = batch.to(self.device) if self.device.type != "cpu" else batch
+        return self.paged.forward(self.arena.tensor, *batch.tensors())
+
+    def release(self, seq_id: int) -> None:
+        """Nothing to do: the runtime owns the pages."""
+
+
+class LinearEngine:
+    """The contiguous reference cache behind the same step interface (tests and `--reference`).
+
+    It keeps one linear cache per request id and runs the same varlen batches as the paged engine,
+    so its logits are the bitwise reference for the paged path.
+    """
+
+    def __init__(self, model, geometry: PageGeometry):
+        from g4rt.models.linear_cache import LinearCache
+
+        self.model, self.geometry = model, geometry
+        self.cache = LinearCache()
+        self.device = next(model.parameters()).device
+
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
+        if len(seq_ids) != batch.num_seqs:
+            raise ValueError(f"LinearEngine needs one seq id per sequence: got {len(seq_ids)} for {batch.num_seqs}")
+        q_lens = (batch.cu_q[1:] - batch.cu_q[:-1]).tolist()
+        self.cache.begin_step(list(seq_ids), q_lens)
+        for sid, n, kv_len in zip(seq_ids, q_lens, batch.kv_lens.tolist()):
+            if self.cache.seq_len(sid) != kv_len - n:
+                raise ValueError(f"sequence {sid}: the linear cache holds {self.cache.seq_len(sid)} positions, "
+                                 f"the batch continues at {kv_len - n}")
+        b = batch.to(self.device) if self.device.type != "cpu" else batch
+        hidden = self.model(b.token_ids, b.positions, self.cache)
+        return self.model.logits(hidden[b.logits_rows.long()])
+
+    def release(self, seq_id: int) -> None:
+        self.cache.drop(seq_id)

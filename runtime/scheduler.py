@@ -1,0 +1,230 @@
+"""Continuous batching: each step mixes decode tokens and prefill chunks under a token budget.
+
+Policy (first come, first served, no preemption):
+
+1. running requests, oldest first, each get the rest of their known-but-uncomputed tokens, capped by
+   the prefill chunk and what remains of `max_num_batched_tokens` (a decoding request takes 1);
+2. then waiting requests are admitted in arrival order while their promise (admission.py) fits the
+   pool's unpromised frames and `max_num_seqs`; the first that does not fit stops admission, so a
+   large request is not starved by a stream of small ones behind it.
+
+Promises are taken at admission, so a running request can always lease its next pages and nothing
+is ever preempted. The scheduler builds the `StepBatch` (int32, both groups' tables and slots) and a
+`logits_rows` entry for every sequence whose step ends at the end of its known tokens; `commit`
+appends the sampled tokens, applies stop conditions and returns pages.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+import torch
+
+from g4rt.models.layout import PageGeometry
+from g4rt.models.step import StepBatch
+
+from .admission import check_fits, promise_for
+from .pages import FramePool, FullGroup, RequestPages, SlidingGroup
+from .sampling import SamplingParams
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """Capacity knobs. `chunk` bounds the tokens one request computes in a step and is charged to
+    every request's sliding promise; `max_num_batched_tokens` bounds a step's total tokens."""
+
+    max_num_batched_tokens: int = 512
+    chunk: int = 256
+    max_num_seqs: int = 64
+    max_model_len: int | None = None  # None: no limit beyond the pool
+
+    def __post_init__(self):
+        for name in ("max_num_batched_tokens", "chunk", "max_num_seqs"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.chunk > self.max_num_batched_tokens:
+            raise ValueError(f"chunk ({self.chunk}) must not exceed max_num_batched_tokens "
+                             f"({self.max_num_batched_tokens})")
+
+
+@dataclass
+class Sequence:
+    """One request's state. `tokens` = prompt + generated; `computed` = positions in the cache."""
+
+    seq_id: int
+    prompt: list[int]
+    params: SamplingParams
+    stop_ids: frozenset
+    tokens: list[int] = field(default_factory=list)
+    computed: int = 0
+    status: str = "waiting"  # waiting | running | finished
+    finish_reason: str | None = None  # stop | length | cancelled | error
+    error: str | None = None
+    pages: RequestPages | None = None
+    arrival: float = field(default_factory=time.perf_counter)
+    first_token_time: float | None = None
+    finish_time: float | None = None
+
+    @property
+    def output(self) -> list[int]:
+        return self.tokens[len(self.prompt):]
+
+    @property
+    def finished(self) -> bool:
+        return self.status == "finished"
+
+
+@dataclass
+class ScheduledStep:
+    """A step's batch plus what the runtime needs to apply its result."""
+
+    batch: StepBatch
+    seqs: list[Sequence]  # batch order
+    counts: list[int]  # tokens each sequence computes
+    sampled: list[Sequence]  # sequences owning logits_rows, in row order
+
+    @property
+    def seq_ids(self) -> list[int]:
+        return [s.seq_id for s in self.seqs]
+
+
+class Scheduler:
+    def __init__(self, geometry: PageGeometry, pool: FramePool, config: SchedulerConfig = SchedulerConfig()):
+        self.geometry, self.pool, self.config = geometry, pool, config
+        self.groups = (SlidingGroup(geometry, pool), FullGroup(geometry, pool))
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.seqs: dict[int, Sequence] = {}
+        self._ids = itertools.count()
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add(self, prompt: list[int], params: SamplingParams, eos_ids=()) -> Sequence:
+        """Queue a request; raise `RequestTooLarge` if it could never run, ValueError on bad input."""
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ValueError("prompt must hold at least one token id")
+        total = len(prompt) + params.max_new_tokens
+        limit = self.config.max_model_len
+        if limit is not None and total > limit:
+            raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) = {total} "
+                             f"exceeds max_model_len {limit}")
+        check_fits(self._promise(len(prompt), params), self.pool.num_frames, len(prompt),
+                   params.max_new_tokens, self.config.chunk)
+        stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
+        seq = Sequence(next(self._ids), prompt, params, frozenset(stops), tokens=list(prompt))
+        self.waiting.append(seq)
+        self.seqs[seq.seq_id] = seq
+        return seq
+
+    def _promise(self, prompt_len: int, params: SamplingParams):
+        return promise_for(self.geometry, prompt_len, params.max_new_tokens, self.config.chunk)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def cancel(self, seq_id: int) -> None:
+        self.finish(self.seqs[seq_id], "cancelled")
+
+    def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        """End a request for any reason; its pages and promise go back to the pool at once."""
+        if seq.finished:
+            return
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq.pages is not None:
+            seq.pages.release()
+        seq.status, seq.finish_reason, seq.error = "finished", reason, error
+        seq.finish_time = time.perf_counter()
+
+    def fail(self, step: ScheduledStep, error: BaseException) -> None:
+        """The engine failed on `step`: end its requests (their cache contents are unknown)."""
+        for seq in step.seqs:
+            self.finish(seq, "error", f"{type(error).__name__}: {error}")
+
+    # ---- one step ------------------------------------------------------------------------------
+    def schedule(self) -> ScheduledStep | None:
+        """Choose this step's work and build its batch; None when nothing can run."""
+        budget = self.config.max_num_batched_tokens
+        plan: list[tuple[Sequence, int]] = []
+        for seq in self.running:
+            n = min(len(seq.tokens) - seq.computed, self.config.chunk, budget)
+            if n > 0:
+                plan.append((seq, n))
+                budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            promise = self._promise(len(seq.prompt), seq.params)
+            if not self.pool.can_reserve(promise.frames):
+                break  # FCFS: it waits for pages to come back; nothing behind it jumps ahead
+            self.waiting.popleft()
+            seq.pages = RequestPages(self.geometry, self.pool, promise.frames, self.groups)
+            seq.status = "running"
+            self.running.append(seq)
+            n = min(len(seq.tokens), self.config.chunk, budget)
+            plan.append((seq, n))
+            budget -= n
+        if not plan:
+            return None
+        return self._build(plan)
+
+    def _build(self, plan: list[tuple[Sequence, int]]) -> ScheduledStep:
+        token_ids, positions, s_slots, f_slots, rows, sampled = [], [], [], [], [], []
+        cu_q, kv_lens, s_rows, s_first, f_rows = [0], [], [], [], []
+        for seq, n in plan:
+            start = seq.computed
+            span = range(start, start + n)
+            seq.pages.prepare(start, n)  # leases within the promise; PastPagesError if impossible
+            token_ids += seq.tokens[start:start + n]
+            positions += list(span)
+            s_slots += seq.pages.slots("sliding", span)
+            f_slots += seq.pages.slots("full", span)
+            cu_q.append(cu_q[-1] + n)
+            kv_lens.append(start + n)
+            s_rows.append(seq.pages.sliding.frames)
+            s_first.append(seq.pages.sliding.first_page)
+            f_rows.append(seq.pages.full.frames)
+            if start + n == len(seq.tokens):
+                rows.append(cu_q[-1] - 1)
+                sampled.append(seq)
+
+        def table(rows_: list[list[int]]) -> torch.Tensor:
+            width = max(1, max(len(r) for r in rows_))
+            return torch.tensor([r + [0] * (width - len(r)) for r in rows_], dtype=torch.int32)
+
+        def i32(x) -> torch.Tensor:
+            return torch.tensor(x, dtype=torch.int32)
+
+        batch = StepBatch(i32(token_ids), i32(positions), i32(cu_q), i32(kv_lens), table(s_rows), i32(s_first),
+                          i32(s_slots), table(f_rows), i32(f_slots), i32(rows))
+        return ScheduledStep(batch, [s for s, _ in plan], [n for _, n in plan], sampled)
+
+    def commit(self, step: ScheduledStep, new_tokens: list[int]) -> list[Sequence]:
+        """Apply a finished step: `new_tokens[i]` is the token sampled for `step.sampled[i]`.
+        Returns the requests that finished in this step."""
+        if len(new_tokens) != len(step.sampled):
+            raise ValueError(f"commit got {len(new_tokens)} tokens for {len(step.sampled)} logits rows")
+        for seq, n in zip(step.seqs, step.counts):
+            if not seq.finished:
+                seq.computed += n
+        done = []
+        now = time.perf_counter()
+        for seq, tok in zip(step.sampled, new_tokens):
+            if seq.finished:  # cancelled while the step ran
+                continue
+            seq.tokens.append(int(tok))
+            seq.first_token_time = seq.first_token_time or now
+            if int(tok) in seq.stop_ids:
+                self.finish(seq, "stop")
+            elif len(seq.output) >= seq.params.max_new_tokens:
+                self.finish(seq, "length")
+            if seq.finished:
+                done.append(seq)
+        for seq in step.seqs:
+            if not seq.finished:
+                seq.pages.trim(seq.computed)
+        return done
