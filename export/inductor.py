@@ -1,0 +1,157 @@
+"""Inductor backend: torch.compile of PagedStep with the arena held by the module, and decode steps
+replayed as CUDA graphs per batch-size bucket.
+
+Why not AOTInductor: its packages crashed at load on the H200 image (trt-onnx.md §6.3). Why the arena
+is a module buffer: CUDA-graph capture skips graphs whose inputs are mutated (§6.2); a buffer the
+module owns is not an input. The engine directory holds only a manifest (weights reference and
+settings) plus the compiler caches, so a restart reuses compiled kernels.
+
+Decode graphs: a decode step has one token per sequence (T == B == R). Its batch is copied into
+static buffers of the next bucket size B' >= B (and a page-table width bucket), extra rows padded
+with a dummy sequence (one token at position 0, slots -1, so it writes nothing and reads frame 0),
+and the captured graph is replayed; the logits of the real rows are returned. Other steps (prefill)
+run the compiled module directly. UNTESTED on a GPU in this repo's CPU suite.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from g4rt.models.step import StepBatch
+
+from . import manifest as mf
+
+CACHE_DIR = "compile_cache"
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int) -> dict:
+    from g4rt.models.config import load_config
+
+    from .build import DEFAULT_ALIGN, geometry_for
+    cfg = load_config(model_dir)
+    geometry = geometry_for(cfg, dtype, page_tokens)
+    manifest = mf.build_manifest(
+        cfg, geometry, backend="inductor", dtype=dtype, page_tokens=page_tokens, align=DEFAULT_ALIGN,
+        name=model_dir.resolve().name, profiles={"batch_buckets": list(BATCH_BUCKETS)},
+        files={"weights": str(model_dir.resolve()), "compile_cache": CACHE_DIR},
+        extra={"compile": {"mode": "max-autotune-no-cudagraphs", "cuda_graphs": "decode buckets"}})
+    (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
+    mf.write_manifest(out_dir, manifest)
+    return manifest
+
+
+def _bucket(n: int, buckets: Sequence[int]) -> int:
+    for b in buckets:
+        if b >= n:
+            return b
+    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
+
+
+class _ArenaStep(torch.nn.Module):
+    """PagedStep (in-place KV writes) with the arena as a buffer, so CUDA graphs can be captured."""
+
+    def __init__(self, paged, arena: torch.Tensor):
+        super().__init__()
+        self.paged = paged
+        self.register_buffer("arena", arena, persistent=False)
+
+    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
+        return self.paged(self.arena, *batch)
+
+
+class InductorEngine:
+    def __init__(self, engine_dir: str | Path, num_frames: int, device: str = "cuda"):
+        from g4rt.models.checkpoint import load_model
+        from g4rt.models.paged import PagedStep
+        from g4rt.runtime.arena import Arena
+
+        self.engine_dir = Path(engine_dir)
+        self.manifest = mf.check_manifest(self.engine_dir, backend="inductor")
+        cache = self.engine_dir / self.manifest["files"]["compile_cache"]
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        self.geometry = mf.manifest_geometry(self.manifest)
+        dtype = self.manifest["dtype"]
+        model = load_model(self.manifest["files"]["weights"], dtype=dtype, device=device)
+        mf.check_manifest(self.engine_dir, config=model.config)
+        self.arena = Arena.for_geometry(self.geometry, num_frames, dtype, device)
+        self.device = self.arena.device
+        self.module = _ArenaStep(PagedStep(model, self.geometry), self.arena.tensor)
+        self.compiled = torch.compile(self.module, mode=self.manifest["compile"]["mode"], dynamic=True)
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
+        self._pool = None
+
+    # ---- decode graphs -------------------------------------------------------------------------
+    def _static_inputs(self, b: int, ms: int, mf_: int) -> list[torch.Tensor]:
+        """Inputs of a dummy decode batch of `b` sequences: each one token at position 0, writing nothing."""
+        z = dict(dtype=torch.int32, device=self.device)
+        ar = torch.arange(b, **z)
+        return [torch.zeros(b, **z), torch.zeros(b, **z), torch.arange(b + 1, **z), torch.ones(b, **z),
+                torch.zeros(b, ms, **z), torch.zeros(b, **z), torch.full((b,), -1, **z),
+                torch.zeros(b, mf_, **z), torch.full((b,), -1, **z), ar]
+
+    def _graph_for(self, key):
+        if key not in self._graphs:
+            static = self._static_inputs(*key)
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(2):  # compile + warm up outside capture
+                    self.compiled(*static)
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = self.compiled(*static)
+            self._pool = graph.pool()
+            self._graphs[key] = (graph, static, out)
+        return self._graphs[key]
+
+    def _decode(self, batch: StepBatch) -> torch.Tensor:
+        n = batch.num_seqs
+        key = (_bucket(n, BATCH_BUCKETS), _pow2(batch.sliding_table.shape[1]), _pow2(batch.full_table.shape[1]))
+        graph, static, out = self._graph_for(key)
+        for buf, src in zip(static, batch.to(self.device).tensors()):
+            if buf.dim() == 2:
+                buf[:n].zero_()
+                buf[:n, : src.shape[1]].copy_(src)
+            elif buf.shape[0] == key[0] + 1:  # cu_q: real prefix, then one dummy token per padded row
+                buf[: n + 1].copy_(src)
+                buf[n + 1:] = torch.arange(n + 1, key[0] + 1, dtype=torch.int32, device=self.device)
+            else:
+                buf[:n].copy_(src)
+        self._reset_padding(static, n, key[0])
+        graph.replay()
+        return out[:n].clone()
+
+    @staticmethod
+    def _reset_padding(static: list[torch.Tensor], n: int, b: int) -> None:
+        """Padded rows: token 0 at position 0, kv_len 1, slots -1, tables 0, logits row = own row."""
+        names = StepBatch.names()
+        s = dict(zip(names, static))
+        for name in ("token_ids", "positions", "sliding_first"):
+            s[name][n:] = 0
+        s["kv_lens"][n:] = 1
+        s["sliding_slots"][n:] = -1
+        s["full_slots"][n:] = -1
+        s["sliding_table"][n:] = 0
+        s["full_table"][n:] = 0
+        s["logits_rows"][n:] = torch.arange(n, b, dtype=torch.int32, device=s["logits_rows"].device)
+
+    # ---- Engine protocol -------------------------------------------------------------------------
+    @torch.inference_mode()
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
+        decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
+        if decode and batch.num_seqs <= BATCH_BUCKETS[-1]:
+            return self._decode(batch)
+        return self.compiled(*batch.to(self.device).tensors())
+
+    def release(self, seq_id: int) -> None:
+        """Nothing to do: the runtime owns the pages."""

@@ -1,0 +1,153 @@
+"""`manifest.json`: what an engine directory was built from, checked before anything runs it.
+
+An engine bakes in facts that the runtime must agree with byte for byte: the model config, the dtype,
+where every layer's K/V block sits inside a frame (page geometry), the step graph's inputs, the op
+schemas and (for TensorRT) the kernels compiled into it. Running an engine against a runtime that
+disagrees on any of them silently produces garbage, so `check_manifest` refuses a mismatch and names
+the field.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+from g4rt.models.config import Gemma4Config, config_from_dict
+from g4rt.models.layout import KVLayout, PageGeometry
+
+from . import schemas
+
+MANIFEST = "manifest.json"
+FORMAT_VERSION = 1
+BACKENDS = ("onnxruntime", "inductor", "tensorrt")
+_PLUGINS_DIR = Path(__file__).resolve().parent.parent / "plugins"
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _canonical(obj) -> bytes:
+    return json.dumps(obj, sort_keys=True, separators=(",", ":")).encode()
+
+
+def config_hash(cfg: Gemma4Config) -> str:
+    return _sha256(_canonical(cfg.to_hf_text_config()))[:16]
+
+
+def kernel_source_hash() -> str:
+    """Hash of every plugin source (reference, ops, Triton kernels): what a TensorRT plan compiles in."""
+    h = hashlib.sha256()
+    for path in sorted(_PLUGINS_DIR.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def geometry_record(geometry: PageGeometry, page_tokens: int, align: int) -> dict:
+    """Both groups' page sizes, frame size and every owning layer's (k_offset, v_offset)."""
+    offsets = {str(k): list(v) for k, v in sorted(geometry.offsets.items())}
+    return {
+        "page_tokens_arg": page_tokens, "align": align,
+        "page_tokens": dict(geometry.page_tokens), "frame_elems": geometry.frame_elems,
+        "offsets": offsets, "offsets_hash": _sha256(_canonical(offsets))[:16],
+    }
+
+
+def io_contract() -> dict:
+    from .onnx_export import IO_CONTRACT_VERSION, OUTPUT_NAMES, input_names
+    return {"version": IO_CONTRACT_VERSION, "inputs": list(input_names()), "outputs": list(OUTPUT_NAMES),
+            "metadata_dtype": "int32"}
+
+
+def build_manifest(cfg: Gemma4Config, geometry: PageGeometry, *, backend: str, dtype: str, page_tokens: int,
+                   align: int, name: str, profiles: dict | None = None, files: dict | None = None,
+                   extra: dict | None = None) -> dict:
+    if backend not in BACKENDS:
+        raise ManifestError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+    return {
+        "format": FORMAT_VERSION,
+        "model": {"name": name, "config_hash": config_hash(cfg), "config": cfg.to_hf_text_config()},
+        "backend": backend,
+        "dtype": dtype,
+        "geometry": geometry_record(geometry, page_tokens, align),
+        "io_contract": io_contract(),
+        "profiles": profiles or {},
+        "op_schema_version": schemas.SCHEMA_VERSION,
+        "kernel_source_hash": kernel_source_hash(),
+        "files": files or {},
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        **(extra or {}),
+    }
+
+
+def write_manifest(engine_dir: str | Path, manifest: dict) -> Path:
+    path = Path(engine_dir) / MANIFEST
+    path.write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def read_manifest(engine_dir: str | Path) -> dict:
+    path = Path(engine_dir) / MANIFEST
+    if not path.is_file():
+        raise ManifestError(f"{engine_dir}: no {MANIFEST} (not an engine directory; build one with `g4rt build`)")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise ManifestError(f"{path}: not valid JSON ({e})") from None
+
+
+def manifest_config(manifest: dict) -> Gemma4Config:
+    return config_from_dict(manifest["model"]["config"], "manifest.json model.config")
+
+
+def manifest_geometry(manifest: dict) -> PageGeometry:
+    """Rebuild the engine's PageGeometry from its config and page settings, and insist that it is the
+    geometry the engine was built with (layout code may have changed since)."""
+    g = manifest["geometry"]
+    geometry = PageGeometry.build(KVLayout.from_config(manifest_config(manifest), manifest["dtype"]),
+                                  g["page_tokens_arg"], g["align"])
+    _compare("geometry", geometry_record(geometry, g["page_tokens_arg"], g["align"]), g)
+    return geometry
+
+
+def _compare(field: str, want, found) -> None:
+    if isinstance(want, dict) and isinstance(found, dict):
+        for key in want:
+            _compare(f"{field}.{key}", want[key], found.get(key))
+        return
+    if want != found:
+        raise ManifestError(f"engine manifest field '{field}' is {found!r}, but this runtime expects {want!r}; "
+                            f"rebuild the engine (g4rt build) or run it with matching settings")
+
+
+def check_manifest(engine_dir: str | Path, *, backend: str | None = None, config: Gemma4Config | None = None,
+                   dtype: str | None = None, geometry: PageGeometry | None = None,
+                   check_kernels: bool = False) -> dict:
+    """Read `engine_dir/manifest.json` and refuse it (ManifestError naming the field) unless it matches
+    this code (format, I/O contract, op schema version, optionally the kernel sources) and every
+    expectation given. Returns the manifest."""
+    m = read_manifest(engine_dir)
+    _compare("format", FORMAT_VERSION, m.get("format"))
+    _compare("io_contract", io_contract(), m.get("io_contract", {}))
+    _compare("op_schema_version", schemas.SCHEMA_VERSION, m.get("op_schema_version"))
+    if check_kernels:
+        _compare("kernel_source_hash", kernel_source_hash(), m.get("kernel_source_hash"))
+    if backend is not None:
+        _compare("backend", backend, m.get("backend"))
+    if dtype is not None:
+        _compare("dtype", dtype, m.get("dtype"))
+    if config is not None:
+        _compare("model.config_hash", config_hash(config), m.get("model", {}).get("config_hash"))
+    if geometry is not None:
+        g = m.get("geometry", {})
+        _compare("geometry.page_tokens", dict(geometry.page_tokens), g.get("page_tokens"))
+        _compare("geometry.frame_elems", geometry.frame_elems, g.get("frame_elems"))
+        rec = geometry_record(geometry, g.get("page_tokens_arg", 0), g.get("align", 0))
+        _compare("geometry.offsets_hash", rec["offsets_hash"], g.get("offsets_hash"))
+    return m
+

@@ -1,0 +1,112 @@
+"""ONNX op schemas for the two g4rt custom ops, in domain `gemma4`.
+
+Why register schemas at all: onnxscript resolves `Opset("gemma4", 1).G4PagedAttention` through
+`onnx.defs`, so the dynamo exporter's translations cannot even name the op without them, and the
+full checker verifies our nodes against them. The op types are deliberately no ONNX builtin
+(`Attention` is imported natively by recent TensorRT parsers), and every node carries
+`plugin_namespace`/`plugin_version` so the TensorRT parser picks the registered plugin ahead of the
+reference function shipped in the same file (see /work/shared/research/trt-onnx.md §1.4).
+
+Registration is idempotent: `register()` can be called from every entry point.
+"""
+from __future__ import annotations
+
+import onnx
+from onnx.defs import OpSchema
+
+DOMAIN = "gemma4"
+OPSET_VERSION = 1
+PLUGIN_NAMESPACE = "gemma4"
+PLUGIN_VERSION = "1"
+PAGED_ATTENTION = "G4PagedAttention"
+KV_WRITE = "G4KVWrite"
+# Bump when an op's inputs, attributes or semantics change: it is recorded in every manifest.
+SCHEMA_VERSION = 1
+
+_FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
+_INT = OpSchema.AttrType.INT
+_FLOAT = OpSchema.AttrType.FLOAT
+_STRING = OpSchema.AttrType.STRING
+
+
+def _attr(name: str, kind, doc: str, required: bool = True) -> OpSchema.Attribute:
+    return OpSchema.Attribute(name, kind, doc, required=required)
+
+
+def _plugin_attrs() -> list[OpSchema.Attribute]:
+    return [
+        _attr("plugin_namespace", _STRING, "TensorRT plugin namespace (makes the parser prefer the plugin)", False),
+        _attr("plugin_version", _STRING, "TensorRT plugin version", False),
+    ]
+
+
+def _param(name: str, type_str: str, doc: str = "") -> OpSchema.FormalParameter:
+    return OpSchema.FormalParameter(name, type_str, doc)
+
+
+def paged_attention_schema() -> OpSchema:
+    return OpSchema(
+        PAGED_ATTENTION, DOMAIN, OPSET_VERSION,
+        doc="Varlen paged attention over the arena (plugins/README.md `paged_attention`).",
+        inputs=[
+            _param("q", "T", "[T, num_q_heads, head_dim]"),
+            _param("arena", "T", "[num_frames, frame_elems]"),
+            _param("cu_q", "I", "[B+1] cumulative query rows"),
+            _param("kv_lens", "I", "[B] positions after this step's writes"),
+            _param("page_table", "I", "[B, M] frame of logical page first_page[b] + j"),
+            _param("first_page", "I", "[B] first resident logical page"),
+        ],
+        outputs=[_param("out", "T", "[T, num_q_heads, head_dim]")],
+        type_constraints=[("T", _FLOATS, "model dtype"), ("I", ["tensor(int32)"], "metadata")],
+        attributes=[
+            _attr("k_offset", _INT, "element offset of the layer's K block inside a frame"),
+            _attr("v_offset", _INT, "element offset of the layer's V block inside a frame"),
+            _attr("page_size", _INT, "positions per page of this layer's group"),
+            _attr("num_kv_heads", _INT, "KV heads of this layer"),
+            _attr("head_dim", _INT, "head dim (256 sliding / 512 full on Gemma 4)"),
+            _attr("window_left", _INT, "inclusive left distance (W-1); -1 = no window"),
+            _attr("scale", _FLOAT, "multiplies q.k"),
+            *_plugin_attrs(),
+        ],
+    )
+
+
+def kv_write_schema() -> OpSchema:
+    return OpSchema(
+        KV_WRITE, DOMAIN, OPSET_VERSION,
+        doc="Functional KV page write: arena_out = arena with k/v rows scattered to slots (-1 skips).",
+        inputs=[
+            _param("arena", "T", "[num_frames, frame_elems]"),
+            _param("k", "T", "[T, num_kv_heads, head_dim]"),
+            _param("v", "T", "[T, num_kv_heads, head_dim]"),
+            _param("slots", "I", "[T] frame * page_size + offset; -1 writes nothing"),
+        ],
+        outputs=[_param("arena_out", "T", "the updated arena (TensorRT aliases it to `arena`)")],
+        type_constraints=[("T", _FLOATS, "model dtype"), ("I", ["tensor(int32)"], "metadata")],
+        attributes=[
+            _attr("k_offset", _INT, "element offset of the layer's K block inside a frame"),
+            _attr("v_offset", _INT, "element offset of the layer's V block inside a frame"),
+            _attr("page_size", _INT, "positions per page of this layer's group"),
+            *_plugin_attrs(),
+        ],
+    )
+
+
+def _registered(name: str) -> bool:
+    try:
+        onnx.defs.get_schema(name, OPSET_VERSION, DOMAIN)
+        return True
+    except onnx.defs.SchemaError:
+        return False
+
+
+def register() -> None:
+    """Register both schemas with `onnx.defs` once per process (safe to call repeatedly)."""
+    for name, build in ((PAGED_ATTENTION, paged_attention_schema), (KV_WRITE, kv_write_schema)):
+        if not _registered(name):
+            onnx.defs.register_schema(build())
+
+
+def plugin_attrs() -> dict:
+    """The attributes every custom node carries so TensorRT maps it to our plugin."""
+    return {"plugin_namespace": PLUGIN_NAMESPACE, "plugin_version": PLUGIN_VERSION}
