@@ -1,0 +1,436 @@
+"""GPU benchmark of the paged-attention kernels against the machine's own ceilings.
+
+    python -m g4rt.plugins.bench --out DIR [--quick]
+
+Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
+ceilings), then for Gemma 4's real attention shapes
+
+* decode (split-K) at contexts 1k..256k and batch 1/8/64: correctness against the fp32
+  reference on sampled sequences, median time vs the bandwidth roofline (KV bytes the step must
+  read / copy bandwidth; for sliding layers only the window counts) and vs torch SDPA (and
+  flex_attention where it works) on the same data laid out contiguously;
+* the sliding layer's time over growing context with *whole-history* page tables: it must stay flat
+  once context > window, which shows out-of-window pages are skipped, not just masked;
+* chunked prefill of 8k tokens (full and sliding layer) in TFLOP/s vs the matmul rate;
+* small tile-config sweeps, so defaults can be set from numbers.
+
+Every case runs in its own try block: a failing shape is recorded with its error and the run goes
+on. Results: DIR/results.json (everything) and DIR/results.md (tables). Inputs are random (never
+zeros) and page tables are shuffled. Total runtime target: ~5 min on an H200, < 90 s with --quick.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+# name: (num_q_heads, num_kv_heads, head_dim, window W or None, page_size); page sizes are what
+# models/layout.PageGeometry gives the 31B and 26B (16-token sliding pages, 160-token full pages).
+LAYERS = {
+    "31B-sliding": (32, 16, 256, 1024, 16),
+    "26B-sliding": (16, 8, 256, 1024, 16),
+    "31B-full": (32, 4, 512, None, 160),
+}
+CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
+BATCHES = [1, 8, 64]
+MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
+
+
+@dataclass
+class Case:
+    q: torch.Tensor
+    arena: torch.Tensor
+    cu_q: torch.Tensor
+    kv_lens: torch.Tensor
+    table: torch.Tensor
+    first: torch.Tensor
+    hkv: int
+    page: int
+    wl: int
+
+    def args(self):
+        blk = self.page * self.hkv * self.q.shape[2]
+        return (self.q, self.arena, self.cu_q, self.kv_lens, self.table, self.first, 0, blk, self.page, self.hkv,
+                self.wl, 1.0)
+
+
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0):
+    """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled. Sliding
+    layers get resident-only tables (first_page > 0) unless `whole_table`."""
+    hq, hkv, d, window, page = LAYERS[layer]
+    wl = window - 1 if window else -1
+    first = 0
+    if wl >= 0 and not whole_table:
+        first = max(0, ctx - q_len - wl) // page
+    m = math.ceil(ctx / page) - first
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
+    arena = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=torch.bfloat16, generator=g)
+    q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    i32 = dict(device="cuda", dtype=torch.int32)
+    return Case(q, arena, torch.arange(batch + 1, **i32) * q_len, torch.full((batch,), ctx, **i32),
+                frames[:batch * m].view(batch, m).contiguous(), torch.full((batch,), first, **i32), hkv, page, wl)
+
+
+def visible_keys(ctx, q_len, wl):
+    """Sum over the chunk's queries of the keys each sees, and the keys the step must read."""
+    total = sum(min(p + 1, wl + 1) if wl >= 0 else p + 1 for p in range(ctx - q_len, ctx))
+    read = ctx - (max(0, ctx - q_len - wl) if wl >= 0 else 0)
+    return total, read
+
+
+_FLUSH = None
+
+
+def time_ms(fn):
+    """GPU ms of one call with a cold L2 and no host launch overhead.
+
+    Eager timing of a ~5 us kernel measures Python launch cost, and a warm L2 (50 MB on the H200)
+    would hold a whole sliding window. So: capture `reps` x [zero a 256 MiB buffer, fn] and
+    `reps` x [zero the buffer] as CUDA graphs, and take the median difference over >= 5 replays
+    of each, divided by reps (>= 20 measured calls in all). Falls back to do_bench (eager, L2
+    flushed) where capture fails."""
+    global _FLUSH
+    if _FLUSH is None:
+        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+    try:
+        fn()
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        reps = max(3, min(30, int(30 / max(start.elapsed_time(end), 1e-3))))  # ~30 ms per graph
+        replays = max(5, -(-20 // reps))  # >= 20 measured calls in all
+        graphs = []
+        for with_fn in (True, False):
+            g = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                fn()  # warm any lazy allocation on the capture stream
+                with torch.cuda.graph(g, stream=s):
+                    for _ in range(reps):
+                        _FLUSH.zero_()
+                        if with_fn:
+                            fn()
+            torch.cuda.current_stream().wait_stream(s)
+            graphs.append(g)
+        times = []
+        for _ in range(replays):
+            pair = []
+            for g in graphs:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                g.replay()
+                end.record()
+                torch.cuda.synchronize()
+                pair.append(start.elapsed_time(end))
+            times.append((pair[0] - pair[1]) / reps)
+        del graphs
+        return max(sorted(times)[len(times) // 2], 1e-6)
+    except Exception:  # noqa: BLE001 - not capturable: eager timing instead
+        torch.cuda.synchronize()
+        return time_ms_eager(fn)
+
+
+def time_ms_eager(fn):
+    """Median ms over >= 20 reps, L2 flushed between reps (triton.testing.do_bench)."""
+    import triton.testing
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(3):
+        fn()
+    end.record()
+    torch.cuda.synchronize()
+    est = start.elapsed_time(end) / 3
+    return triton.testing.do_bench(fn, warmup=25, rep=max(100, 25 * est),
+                                   return_mode="median")
+
+
+def rel_err(got, want):
+    got, want = got.float(), want.float()
+    if not torch.isfinite(got).all():
+        return float("nan")
+    return ((got - want).abs().max() / want.abs().max().clamp_min(1e-30)).item()
+
+
+def reference_rows(case, rows_b):
+    """fp32 reference output of sequences `rows_b` (decode), grouped so no head is repeated in memory:
+    the 256k full layer would otherwise need tens of GiB."""
+    from .reference import gather_kv
+    hq, d = case.q.shape[1:]
+    g = hq // case.hkv
+    outs = []
+    for b in rows_b:
+        k, v, k_pos = gather_kv(case.arena, case.table[b], int(case.first[b]), int(case.kv_lens[b]), 0,
+                                case.page * case.hkv * d, case.page, case.hkv, d)
+        p = int(case.kv_lens[b]) - 1
+        keep = k_pos >= p - case.wl if case.wl >= 0 else torch.ones_like(k_pos, dtype=torch.bool)
+        k, v = k[keep].float(), v[keep].float()
+        qf = case.q[b].float().view(case.hkv, g, d)
+        probs = torch.softmax(torch.einsum("hgd,nhd->hgn", qf, k), dim=-1)
+        outs.append(torch.einsum("hgn,nhd->hgd", probs, v).reshape(hq, d))
+    return torch.stack(outs)
+
+
+def contiguous_kv(case, n):
+    """The last n keys of every sequence as [B, Hkv, n, D] K and V (for SDPA / flex)."""
+    hq, d = case.q.shape[1:]
+    b, m = case.table.shape
+    blk = case.page * case.hkv * d
+    frames = case.arena[case.table.long()]  # [B, M, frame]
+    start = int(case.kv_lens[0]) - int(case.first[0]) * case.page - n
+    out = []
+    for lo in (0, blk):
+        x = frames[..., lo:lo + blk].reshape(b, m * case.page, case.hkv, d)[:, start:start + n]
+        out.append(x.transpose(1, 2).contiguous())
+    del frames
+    return out
+
+
+def ceilings(quick):
+    n = (1 << 30) if quick else (2 << 30)
+    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    t = time_ms_eager(lambda: dst.copy_(src))  # big ops: eager do_bench is exact and graph-free
+    bw = 2 * n / (t * 1e-3)  # bytes read + written per second
+    del src, dst
+    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    bm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+    tm = time_ms_eager(lambda: a @ bm)
+    del a, bm
+    torch.cuda.empty_cache()
+    return {"copy_bytes": n, "copy_GBps": bw / 1e9, "matmul_TFLOPs": 2 * 8192 ** 3 / (tm * 1e-3) / 1e12}
+
+
+def _flex():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False):
+    from . import triton_attention as ta
+    hq, hkv, d, window, page = LAYERS[layer]
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch)
+    _, read = visible_keys(ctx, 1, case.wl)
+    kv_bytes = batch * read * hkv * d * 2 * 2
+    io_bytes = kv_bytes + 2 * case.q.numel() * 2
+    rec = {"layer": layer, "batch": batch, "ctx": ctx, "page_size": page, "whole_table": whole,
+           "kv_bytes_read": kv_bytes, "config": config}
+    if splits is None:
+        max_keys = case.table.shape[1] * page if case.wl < 0 else min(case.table.shape[1] * page, case.wl + 1)
+        splits = ta.decode_splits(batch, hkv, max_keys, case.q.device)
+    rec["splits"] = splits
+    run = lambda: ta.paged_attention(*case.args(), num_splits=splits, config=config)  # noqa: E731
+    out = run()
+    sample = [0, batch - 1] if batch > 1 else [0]
+    rec["rel_err"] = rel_err(out[sample], reference_rows(case, sample))
+    rec["finite"] = bool(torch.isfinite(out).all())
+    t = time_ms(run)
+    rec["us_eager"] = time_ms_eager(run) * 1e3  # what an uncaptured eager step pays (host launch cost)
+    rec.update(us=t * 1e3, roofline_us=io_bytes / (peak["copy_GBps"] * 1e9) * 1e6,
+               GBps=io_bytes / (t * 1e-3) / 1e9)
+    rec["frac_of_copy_bw"] = rec["GBps"] / peak["copy_GBps"]
+    if sdpa:
+        try:
+            k, v = contiguous_kv(case, read)
+            q4 = case.q.view(batch, hq, 1, d)
+            f = torch.nn.functional.scaled_dot_product_attention
+            ref = f(q4, k, v, scale=1.0, enable_gqa=True)
+            rec["sdpa_rel_diff"] = rel_err(out.view(batch, hq, 1, d), ref)
+            rec["sdpa_us"] = time_ms(lambda: f(q4, k, v, scale=1.0, enable_gqa=True)) * 1e3
+            if try_flex and flex_fn is not None:
+                try:
+                    flex_fn(q4, k, v, scale=1.0, enable_gqa=True)
+                    rec["flex_us"] = time_ms(lambda: flex_fn(q4, k, v, scale=1.0, enable_gqa=True)) * 1e3
+                except Exception as e:  # noqa: BLE001
+                    rec["flex_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+            del k, v
+        except Exception as e:  # noqa: BLE001
+            rec["sdpa_error"] = f"{type(e).__name__}: {str(e)[:200]}"
+    del case
+    torch.cuda.empty_cache()
+    return rec
+
+
+def prefill_case(layer, q_len, ctx, peak, config=None, check=True):
+    from . import triton_attention as ta
+    from .reference import paged_attention_ref
+    hq, hkv, d, window, page = LAYERS[layer]
+    case = build(1, ctx, q_len, layer, seed=q_len + ctx)
+    flops_keys, _ = visible_keys(ctx, q_len, case.wl)
+    flops = 4 * flops_keys * hq * d
+    run = lambda: ta.paged_attention(*case.args(), config=config)  # noqa: E731
+    out = run()
+    rec = {"layer": layer, "q_len": q_len, "ctx": ctx, "page_size": page, "config": config,
+           "finite": bool(torch.isfinite(out).all())}
+    if check:  # first and last 128 queries of the chunk, through the reference op itself
+        a = list(case.args())
+        errs = []
+        for lo, hi in ((0, 128), (q_len - 128, q_len)):
+            a[0] = case.q[lo:hi]
+            a[2] = torch.tensor([0, hi - lo], device="cuda", dtype=torch.int32)
+            a[3] = case.kv_lens - (q_len - hi)
+            errs.append(rel_err(out[lo:hi], paged_attention_ref(*a)))
+        rec["rel_err"] = max(errs)
+    t = time_ms(run)
+    rec.update(ms=t, TFLOPs=flops / (t * 1e-3) / 1e12)
+    rec["frac_of_matmul"] = rec["TFLOPs"] / peak["matmul_TFLOPs"]
+    del case
+    torch.cuda.empty_cache()
+    return rec
+
+
+def guarded(results, key, fn, *a, **kw):
+    t0 = time.time()
+    try:
+        rec = fn(*a, **kw)
+    except Exception as e:  # noqa: BLE001 - one failing shape must not end the run
+        rec = {"args": repr(a)[:200], "kw": repr(kw)[:200], "error": f"{type(e).__name__}: {str(e)[:400]}",
+               "trace": traceback.format_exc()[-1500:]}
+        torch.cuda.empty_cache()
+    rec["wall_s"] = round(time.time() - t0, 2)
+    results.setdefault(key, []).append(rec)
+    print(key, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in rec.items() if k != "trace"},
+          flush=True)
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--quick", action="store_true", help="reduced grid, < 90 s")
+    args = ap.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    import triton
+    res = {"env": {"torch": torch.__version__, "triton": triton.__version__,
+                   "device": torch.cuda.get_device_name(), "quick": args.quick,
+                   "page_sizes": {k: v[4] for k, v in LAYERS.items()}}}
+    t_start = time.time()
+    peak = ceilings(args.quick)
+    res["ceilings"] = peak
+    print("ceilings", peak, flush=True)
+    try:
+        flex_fn = _flex()
+    except Exception as e:  # noqa: BLE001
+        flex_fn, res["env"]["flex_error"] = None, repr(e)[:300]
+
+    contexts = [1024, 8192, 131072] if args.quick else CONTEXTS
+    batches = [1, 64] if args.quick else BATCHES
+    for layer, (hq, hkv, d, window, page) in LAYERS.items():
+        for ctx in contexts:
+            for b in batches:
+                keys = min(ctx, window) if window else ctx
+                if b * keys * hkv * d * 4 > MAX_CASE_BYTES:  # K+V bf16 the arena holds
+                    continue
+                guarded(res, "decode", decode_case, layer, b, ctx, peak,
+                        try_flex=(ctx == 8192 and not args.quick), flex_fn=flex_fn)
+
+    # Flatness: whole-history tables for a sliding layer; time must not grow past the window.
+    flat_ctx = [1024, 4096, 32768] if args.quick else [1024, 2048, 4096, 16384, 65536, 262144]
+    for ctx in flat_ctx:
+        guarded(res, "sliding_flat", decode_case, "31B-sliding", 1, ctx, peak, try_flex=False, flex_fn=None,
+                sdpa=False, whole=True)
+    ok = [r for r in res["sliding_flat"] if "us" in r]
+    if len(ok) >= 2:
+        base = [r["us"] for r in ok if r["ctx"] >= 2048] or [ok[0]["us"]]
+        res["sliding_flat_ratio"] = max(r["us"] for r in ok) / min(base)
+
+    # Chunked prefill of 8k tokens: from scratch (kv 8k) and after 24k of history (kv 32k).
+    pre = [("31B-full", 8192, 8192), ("31B-sliding", 8192, 8192)]
+    if not args.quick:
+        pre += [("31B-full", 8192, 32768), ("31B-sliding", 8192, 32768)]
+    for layer, q_len, ctx in pre:
+        guarded(res, "prefill", prefill_case, layer, q_len, ctx, peak)
+
+    # Tile sweeps (the defaults in triton_attention.default_config should follow these numbers).
+    pre_cfgs = [dict(rows=r, block_n=n, num_warps=w, num_stages=s)
+                for r, n, w, s in [(64, 32, 4, 2), (64, 64, 4, 2), (128, 32, 8, 2), (128, 64, 8, 2),
+                                   (64, 32, 8, 1), (64, 64, 8, 2), (128, 32, 8, 1), (64, 16, 4, 3)]]
+    dec_cfgs = [dict(rows=16, block_n=n, num_warps=w, num_stages=s)
+                for n, w, s in [(16, 4, 2), (32, 4, 2), (64, 4, 2), (32, 8, 3), (64, 8, 3), (128, 8, 2)]]
+    if args.quick:
+        pre_cfgs, dec_cfgs = pre_cfgs[:3], dec_cfgs[1:4]
+    for layer in ("31B-full", "31B-sliding"):
+        for cfg in pre_cfgs:
+            guarded(res, "prefill_sweep", prefill_case, layer, 8192, 8192, peak, config=cfg, check=False)
+    for layer, b, ctx in [("31B-full", 1, 131072), ("31B-full", 8, 32768), ("31B-sliding", 64, 8192)]:
+        for cfg in dec_cfgs:
+            guarded(res, "decode_sweep", decode_case, layer, b, ctx, peak, try_flex=False, flex_fn=None,
+                    config=cfg, sdpa=False)
+        if not args.quick:
+            for f in (0.5, 2.0):
+                from .triton_attention import decode_splits
+                keys = ctx if "full" in layer else 1024
+                s = max(1, int(decode_splits(b, LAYERS[layer][1], keys, torch.device("cuda")) * f))
+                guarded(res, "decode_sweep", decode_case, layer, b, ctx, peak, try_flex=False, flex_fn=None,
+                        splits=s, sdpa=False)
+    res["total_s"] = round(time.time() - t_start, 1)
+    with open(os.path.join(args.out, "results.json"), "w") as fh:
+        json.dump(res, fh, indent=1, default=str)
+    with open(os.path.join(args.out, "results.md"), "w") as fh:
+        fh.write(markdown(res))
+    print(f"wrote {args.out}/results.json and results.md in {res['total_s']} s", flush=True)
+
+
+def _f(x, nd=1):
+    return "" if x is None else (f"{x:.{nd}f}" if isinstance(x, float) else str(x))
+
+
+def markdown(res) -> str:
+    c = res["ceilings"]
+    out = [f"# paged attention on {res['env']['device']}", "",
+           f"torch {res['env']['torch']}, triton {res['env']['triton']}, quick={res['env']['quick']}, "
+           f"page sizes {res['env']['page_sizes']}", "",
+           f"Ceilings (same run): copy {c['copy_GBps']:.0f} GB/s (read+write), bf16 matmul 8192^3 "
+           f"{c['matmul_TFLOPs']:.0f} TFLOP/s.", "",
+           "## Decode (split-K), bf16", "",
+           "Times: CUDA-graph replay with a cold L2 (eager column: do_bench, includes host launch cost).", "",
+           "| layer | B | ctx | splits | KV MiB read | ours us | ours eager us | roofline us | % copy BW | SDPA us | flex us | rel err |",
+           "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res.get("decode", []):
+        if "error" in r:
+            out.append(f"| error | | | | | | | | | | | {r['error'][:80]} |")
+            continue
+        out.append(f"| {r['layer']} | {r['batch']} | {r['ctx']} | {r['splits']} | {r['kv_bytes_read'] / 2**20:.1f} | "
+                   f"{_f(r['us'])} | {_f(r.get('us_eager'))} | {_f(r['roofline_us'])} | {100 * r['frac_of_copy_bw']:.0f} | "
+                   f"{_f(r.get('sdpa_us')) or r.get('sdpa_error', '')[:30]} | "
+                   f"{_f(r.get('flex_us')) or r.get('flex_error', '')[:30]} | {r['rel_err']:.1e} |")
+    out += ["", "## Sliding layer, whole-history tables (time must stay flat past the window)", "",
+            "| ctx | us | KV MiB read | rel err |", "|---|---|---|---|"]
+    for r in res.get("sliding_flat", []):
+        out.append(f"| {r.get('ctx', 'error')} | {_f(r.get('us'))} | "
+                   f"{_f(r.get('kv_bytes_read', 0) / 2**20)} | {r.get('rel_err', r.get('error', ''))} |")
+    out += ["", f"max/min time ratio (ctx >= 2048): {_f(res.get('sliding_flat_ratio'), 2)}", "",
+            "## Prefill chunk (one sequence), bf16", "",
+            "| layer | q_len | kv_len | config | ms | TFLOP/s | % matmul | rel err |", "|---|---|---|---|---|---|---|---|"]
+    for key in ("prefill", "prefill_sweep"):
+        for r in res.get(key, []):
+            if "error" in r:
+                out.append(f"| error | | | {r.get('kw', '')[:60]} | | | | {r['error'][:80]} |")
+                continue
+            out.append(f"| {r['layer']} | {r['q_len']} | {r['ctx']} | {r['config'] or 'default'} | {_f(r['ms'], 2)} | "
+                       f"{_f(r['TFLOPs'])} | {100 * r['frac_of_matmul']:.0f} | {_f(r.get('rel_err'), 4)} |")
+    out += ["", "## Decode sweeps", "", "| layer | B | ctx | config | splits | us | % copy BW |", "|---|---|---|---|---|---|---|"]
+    for r in res.get("decode_sweep", []):
+        if "error" in r:
+            out.append(f"| error | | | {r.get('kw', '')[:60]} | | | {r['error'][:80]} |")
+            continue
+        out.append(f"| {r['layer']} | {r['batch']} | {r['ctx']} | {r['config'] or 'default'} | {r['splits']} | "
+                   f"{_f(r['us'])} | {100 * r['frac_of_copy_bw']:.0f} |")
+    out.append(f"\nTotal {res.get('total_s')} s.\n")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,113 @@
+"""The plugin ops as torch custom ops in namespace `g4rt`, plus a plain Python API.
+
+    torch.ops.g4rt.paged_attention(q, arena, cu_q, kv_lens, page_table, first_page,
+                                   k_offset, v_offset, page_size, num_kv_heads, window_left, scale) -> out
+    torch.ops.g4rt.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size) -> None   (mutates arena)
+    torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size) -> arena'  (functional)
+
+Why `torch.library.custom_op` with a dispatcher and not `triton_op`: a triton_op is decomposed
+into its body by AOTDispatcher, so its body must be traceable on every device, and the CPU body
+here is the reference (per-sequence loops, `.tolist()`), which is not. As an opaque custom op each
+op is one node for torch.compile, torch.export and the ONNX exporter on every device; Inductor
+calls it as an extern kernel. The CUDA path launches Triton with launch parameters computed from
+shapes only (no `.item()`, no host sync), so it runs inside CUDA graphs.
+
+Dispatch, decided per call:
+* CUDA tensors -> Triton (`G4RT_KERNELS=reference` forces the torch reference, for debugging);
+* CPU tensors -> the torch reference, unless `G4RT_KERNELS=triton` (tests, with TRITON_INTERPRET=1).
+
+Importing this module never needs triton; without it only the reference path exists.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from . import reference
+
+try:  # triton is an optional extra; the reference covers CPU without it
+    from . import triton_attention as _tattn
+    from . import triton_kv_write as _tkv
+    HAVE_TRITON = True
+except ImportError:  # pragma: no cover - exercised only on machines without triton
+    _tattn = _tkv = None
+    HAVE_TRITON = False
+
+
+def use_triton(t: torch.Tensor) -> bool:
+    """Whether an op on tensors like `t` runs the Triton kernels (see module docstring)."""
+    mode = os.environ.get("G4RT_KERNELS", "").strip().lower()
+    if mode in ("reference", "torch"):
+        return False
+    want = t.device.type == "cuda" or mode == "triton"
+    if want and not HAVE_TRITON:
+        raise RuntimeError("Triton kernels requested (CUDA tensors or G4RT_KERNELS=triton) but triton is "
+                           "not installed")
+    return want
+
+
+@torch.library.custom_op("g4rt::paged_attention", mutates_args=())
+def _paged_attention_op(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
+                        page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
+                        page_size: int, num_kv_heads: int, window_left: int, scale: float) -> torch.Tensor:
+    args = (q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
+            window_left, scale)
+    if use_triton(q):
+        return _tattn.paged_attention(*args)
+    return reference.paged_attention_ref(*args)
+
+
+@_paged_attention_op.register_fake
+def _(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
+      window_left, scale):
+    return torch.empty_like(q)
+
+
+@torch.library.custom_op("g4rt::kv_write_", mutates_args=("arena",))
+def _kv_write_inplace_op(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                         k_offset: int, v_offset: int, page_size: int) -> None:
+    if use_triton(arena):
+        _tkv.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size)
+    else:
+        reference.kv_write_ref_(arena, k, v, slots, k_offset, v_offset, page_size)
+
+
+@_kv_write_inplace_op.register_fake
+def _(arena, k, v, slots, k_offset, v_offset, page_size):
+    return None
+
+
+@torch.library.custom_op("g4rt::kv_write", mutates_args=())
+def _kv_write_op(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_offset: int,
+                 v_offset: int, page_size: int) -> torch.Tensor:
+    """Functional variant for export (mutating custom ops do not export to ONNX). Costs an arena
+    copy when executed; a TensorRT plugin aliases its output to the input instead."""
+    new = arena.clone()
+    _kv_write_inplace_op(new, k, v, slots, k_offset, v_offset, page_size)
+    return new
+
+
+@_kv_write_op.register_fake
+def _(arena, k, v, slots, k_offset, v_offset, page_size):
+    return torch.empty_like(arena)
+
+
+# ---- plain Python API: the ops above, with keyword names ------------------------------------
+
+def paged_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset: int, v_offset: int,
+                    page_size: int, num_kv_heads: int, window_left: int, scale: float = 1.0) -> torch.Tensor:
+    """See plugins/README.md. `window_left` is the inclusive distance (`plugins.window_left(W)`)."""
+    return torch.ops.g4rt.paged_attention(q, arena, cu_q, kv_lens, page_table, first_page, int(k_offset),
+                                          int(v_offset), int(page_size), int(num_kv_heads), int(window_left),
+                                          float(scale))
+
+
+def kv_write_(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int) -> None:
+    """Write K/V rows into their slots of `arena`, in place (eager and torch.compile)."""
+    torch.ops.g4rt.kv_write_(arena, k, v, slots, int(k_offset), int(v_offset), int(page_size))
+
+
+def kv_write(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int) -> torch.Tensor:
+    """Functional write: returns the new arena (export)."""
+    return torch.ops.g4rt.kv_write(arena, k, v, slots, int(k_offset), int(v_offset), int(page_size))

@@ -1,0 +1,244 @@
+"""Triton paged attention over the arena (plugins/README.md): one kernel, two launch shapes.
+
+* **Decode** (every sequence has one query token, i.e. T == B, known from shapes alone): split-K
+  ("flash decoding"). Each program takes one (sequence, KV head, split): all query heads of the KV
+  head's group are rows of one tile, so K/V are read once per group; the sequence's visible key
+  range is cut into num_splits equal runs of tiles, each program writes an unnormalised partial
+  (m, l, acc) and a small combine kernel merges them. With one split the main kernel writes
+  the output directly.
+* **Prefill / chunked prefill / mixed batches**: grid cdiv(T - B + 1, BLOCK_Q) x B x Hkv; T - B + 1
+  bounds any sequence's q_len because each sequence has >= 1 query token, and programs past their
+  sequence's q_len return at once, so no host sync is needed to size the grid. A program's rows are
+  BLOCK_Q tokens x (group heads, padded to a power of two) folded into the M dimension.
+
+Both shapes walk only the keys some row of the tile can see: from max(first_page * P, p_first -
+window_left) up to p_last. Pages wholly outside the window are never touched, so a sliding layer's
+time stops growing with context once context > window.
+
+Tiles may span pages: every key row looks up its own frame in the page table (a [BLOCK_N] int32
+load that mostly hits one cache line), so BLOCK_N is free of the page size (16-token sliding pages
+would otherwise force 16-key tiles) and any page size works, 160 included.
+
+Numerics: scores, softmax (base 2, with log2(e) folded into the scale) and accumulation in fp32;
+P is cast to the KV dtype for the second matmul, as in FlashAttention. The scale is cast to fp32
+in-kernel because Inductor passes Python floats as fp64. Under TRITON_INTERPRET=1 bf16 arithmetic
+is wrong, so UPCAST loads tiles as fp32 there (set automatically).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _paged_attn_kernel(
+    q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
+    scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits,
+    HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
+    PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr, PREC: tl.constexpr,
+):
+    # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
+    # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
+    ROWS: tl.constexpr = BLOCK_Q * GP
+    pid0 = tl.program_id(0)
+    b = tl.program_id(1)
+    h = tl.program_id(2)
+    mb = pid0 // num_splits
+    split = pid0 % num_splits
+
+    q_start = tl.load(cu_q_ptr + b)
+    q_len = tl.load(cu_q_ptr + b + 1) - q_start
+    m0 = mb * BLOCK_Q
+    if m0 >= q_len:  # this sequence has fewer query tokens than the grid allows for
+        return
+    kv_len = tl.load(kv_lens_ptr + b)
+    first = tl.load(first_ptr + b)
+
+    r = tl.arange(0, ROWS)
+    qi = m0 + r // GP  # query index inside the sequence
+    g = r % GP  # head inside the group
+    row_ok = (qi < q_len) & (g < G)
+    pos = kv_len - q_len + qi  # absolute position of each row's query
+    d = tl.arange(0, D)
+    q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
+    q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    qk_scale = tl.cast(scale, tl.float32) * 1.4426950408889634
+
+    # The keys this tile can see: [k_lo, k_hi). A negative window_left means none; it becomes a
+    # distance no position reaches so the same arithmetic serves both cases.
+    wl = tl.where(window_left >= 0, window_left, 1 << 30)
+    p_first = kv_len - q_len + m0
+    p_last = kv_len - q_len + tl.minimum(m0 + BLOCK_Q, q_len) - 1
+    k_lo = tl.maximum(first * PAGE, p_first - wl)
+    k_hi = p_last + 1
+    n_tiles = tl.cdiv(k_hi - k_lo, BLOCK_N)
+    per_split = tl.cdiv(n_tiles, num_splits)
+    t_begin = k_lo + split * per_split * BLOCK_N
+    t_end = tl.minimum(k_hi, t_begin + per_split * BLOCK_N)
+
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, D], tl.float32)
+    n_off = tl.arange(0, BLOCK_N)
+    for start in range(t_begin, t_end, BLOCK_N):
+        kn = start + n_off
+        k_ok = kn < t_end
+        frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
+        base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
+        seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
+        s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(arena_ptr + v_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            vt = vt.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
+        m_i = m_new
+
+    if not SPLIT:
+        out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
+        tl.store(out_ptr + q_row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+                 mask=row_ok[:, None])
+    else:
+        ws_row = q_row * num_splits + split
+        tl.store(ws_acc_ptr + ws_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ws_ml_ptr + ws_row * 2, m_i, mask=row_ok)
+        tl.store(ws_ml_ptr + ws_row * 2 + 1, l_i, mask=row_ok)
+
+
+@triton.jit
+def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge the num_splits partial softmaxes of one (token, query head) row into the output."""
+    row = tl.program_id(0).to(tl.int64)
+    sp = tl.arange(0, BLOCK_S)
+    s_ok = sp < num_splits
+    ws_row = row * num_splits + sp
+    m = tl.load(ws_ml_ptr + ws_row * 2, mask=s_ok, other=float("-inf"))
+    l = tl.load(ws_ml_ptr + ws_row * 2 + 1, mask=s_ok, other=0.0)
+    m_max = tl.max(m, 0)
+    m_safe = tl.where(m_max == float("-inf"), 0.0, m_max)
+    w = tl.math.exp2(m - m_safe)
+    total = tl.sum(l * w, 0)
+    d = tl.arange(0, D)
+    acc = tl.load(ws_acc_ptr + ws_row[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
+    out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
+    tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
+
+
+def interpreting() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def default_config(head_dim: int, decode: bool) -> dict:
+    """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
+
+    From the H200 sweep (plugins/bench.py, torch 2.11 / triton 3.6): prefill D=256 128x64/8 warps
+    308 TFLOP/s (64x32/4: 256); D=512 64x32/8 warps/1 stage 149 TFLOP/s (larger tiles exceed smem);
+    decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512)."""
+    if decode:
+        return {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
+    if head_dim <= 128:
+        return {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    if head_dim <= 256:
+        return {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
+    return {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
+    """How many key runs each (sequence, KV head) of a decode step is cut into, from shapes only.
+
+    Enough programs for about two waves over the SMs, but no split shorter than 256 keys (below
+    that the combine and the per-program overhead cost more than the parallelism gains)."""
+    sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
+    programs = batch * num_kv_heads
+    if programs >= sms:
+        return 1
+    return max(1, min(triton.cdiv(2 * sms, programs), max_keys // 256, 64))
+
+
+def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
+                    page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
+                    page_size: int, num_kv_heads: int, window_left: int, scale: float, *,
+                    out: torch.Tensor | None = None, num_splits: int | None = None,
+                    config: dict | None = None, decode: bool | None = None) -> torch.Tensor:
+    """Launch the kernel(s); same arguments as the op. No host syncs: every launch parameter comes
+    from shapes and Python ints.
+
+    Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned),
+    `num_splits` (force the decode split count), `config` (tile overrides, see default_config),
+    `decode` (force or forbid the decode launch shape; it needs T == B)."""
+    T, HQ, D = q.shape
+    B = kv_lens.shape[0]
+    HKV = num_kv_heads
+    if HQ % HKV or D < 16 or D & (D - 1):
+        raise ValueError(f"need num_q_heads % num_kv_heads == 0 and a power-of-two head_dim >= 16, got "
+                         f"Hq={HQ} Hkv={HKV} D={D}")
+    if arena.stride(1) != 1 or page_table.stride(1) != 1:
+        raise ValueError("arena and page_table must be contiguous in their last dim")
+    G = HQ // HKV
+    GP = _pow2(G)
+    is_decode = (T == B) if decode is None else decode
+    if is_decode and T != B:
+        raise ValueError("the decode launch needs one query token per sequence (T == B)")
+    cfg = {**default_config(D, is_decode), **(config or {})}
+    q = q.contiguous()
+    if out is None:
+        out = torch.empty_like(q)
+    if T == 0:
+        return out
+    if is_decode:
+        block_q = max(1, cfg["rows"] // GP)  # padding rows: only query 0 of each sequence exists
+        m_blocks = 1
+        if num_splits is None:
+            max_keys = page_table.shape[1] * page_size
+            if window_left >= 0:
+                max_keys = min(max_keys, window_left + 1)
+            num_splits = decode_splits(B, HKV, max_keys, q.device)
+    else:
+        block_q = max(1, cfg["rows"] // GP)
+        m_blocks = triton.cdiv(T - B + 1, block_q)
+        num_splits = num_splits or 1
+    if num_splits > 1:
+        ws_acc = torch.empty((T * HQ * num_splits, D), dtype=torch.float32, device=q.device)
+        ws_ml = torch.empty((T * HQ * num_splits, 2), dtype=torch.float32, device=q.device)
+    else:
+        ws_acc = ws_ml = out  # never touched
+    upcast = interpreting()
+    prec = "ieee" if q.dtype == torch.float32 else "tf32"
+    grid = (m_blocks * num_splits, B, HKV)
+    _paged_attn_kernel[grid](
+        q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
+        float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
+        num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
+        BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, UPCAST=upcast, PREC=prec,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    if num_splits > 1:
+        _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D,
+                                   BLOCK_S=_pow2(num_splits), num_warps=4)
+    return out

@@ -1,0 +1,43 @@
+"""Triton KV page write: scatter this step's K and V rows into their arena slots in one launch.
+
+Grid (T, cdiv(Hkv * D, BLOCK)): one program copies a BLOCK-wide piece of one token's K row and the
+same piece of its V row. A position's Hkv * D elements are contiguous in both the source and the
+page (README layout), so every access is a straight vector copy. Slot -1 writes nothing; the mask
+does it, so there is no host-side filtering and no sync.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _kv_write_kernel(arena_ptr, k_ptr, v_ptr, slots_ptr, k_offset, v_offset, stride_frame,
+                     PAGE: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+    t = tl.program_id(0)
+    c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    slot = tl.load(slots_ptr + t) + tl.zeros([BLOCK], tl.int32)  # broadcast: the interpreter rejects
+    ok = (c < WIDTH) & (slot >= 0)                                 # block & scalar masks
+    safe = tl.where(slot >= 0, slot, 0)
+    dst = (safe // PAGE).to(tl.int64) * stride_frame + (safe % PAGE) * WIDTH + c
+    src = t.to(tl.int64) * WIDTH + c
+    dtype = arena_ptr.dtype.element_ty
+    tl.store(arena_ptr + k_offset + dst, tl.load(k_ptr + src, mask=ok).to(dtype), mask=ok)
+    tl.store(arena_ptr + v_offset + dst, tl.load(v_ptr + src, mask=ok).to(dtype), mask=ok)
+
+
+def kv_write_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_offset: int,
+              v_offset: int, page_size: int) -> None:
+    """In-place write (the op's contract); k/v [T, Hkv, D], slots int32 [T]."""
+    T = k.shape[0]
+    if T == 0:
+        return
+    if arena.stride(1) != 1:
+        raise ValueError("arena must be contiguous in its last dim")
+    width = k.shape[1] * k.shape[2]
+    block = min(1024, triton.next_power_of_2(width))
+    k, v = k.contiguous(), v.contiguous()
+    grid = (T, triton.cdiv(width, block))
+    _kv_write_kernel[grid](arena, k, v, slots, int(k_offset), int(v_offset), arena.stride(0),
+                           PAGE=int(page_size), WIDTH=width, BLOCK=block, num_warps=4)

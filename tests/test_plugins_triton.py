@@ -1,0 +1,187 @@
+"""The Triton kernels against the torch reference, run on CPU by the Triton interpreter.
+
+Every comparison runs the kernel on a *poisoned* arena (NaN in every element no query may read:
+other layers, padding, page tails, frames of no sequence, keys left of every window) into a
+NaN-filled output, and the reference on the clean arena. So a finite, matching result proves the
+kernel wrote every row and never let an out-of-range key into it. Shapes are small: the
+interpreter costs ~0.1-0.3 s per launch here.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported; `make test` sets it too
+
+import pytest
+import torch
+
+triton = pytest.importorskip("triton", reason="the triton extra is not installed")
+
+from g4rt.plugins import ops, window_left  # noqa: E402
+from g4rt.plugins import triton_attention as ta  # noqa: E402
+from g4rt.plugins import triton_kv_write as tkv  # noqa: E402
+from g4rt.plugins.reference import kv_write_ref, make_paged_batch, paged_attention_ref  # noqa: E402
+
+if not ta.interpreting():
+    pytest.fail("TRITON_INTERPRET=1 must be set before triton is imported (CPU has no GPU kernels)",
+                pytrace=False)
+
+TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+
+
+def check(batch, tol=None, **kernel_kw):
+    """Kernel (poisoned arena, NaN output) vs reference (clean arena); returns the kernel output."""
+    want = paged_attention_ref(*batch.args())
+    args = list(batch.args())
+    args[1] = batch.poisoned_arena()
+    out = torch.full_like(batch.q, float("nan"))
+    got = ta.paged_attention(*args, out=out, **kernel_kw)
+    assert got is out
+    assert torch.isfinite(got).all(), "kernel left a row unwritten or read a poisoned element"
+    tol = tol if tol is not None else TOL[batch.q.dtype]
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+    return got
+
+
+def batch_of(q_lens, kv_lens, hq, hkv, d, p, wl=-1, resident=False, dtype=torch.float32, seed=0, scale=None):
+    return make_paged_batch(q_lens, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=p,
+                            window_left=wl, resident_only=resident, dtype=dtype, seed=seed,
+                            scale=d ** -0.5 if scale is None else scale)
+
+
+# --- Gemma's head dims: sliding (256, window, resident tables) and full (512, group 8) ----------
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_head_dim_256_sliding(decode):
+    q_lens, kv_lens = ([1, 1], [40, 9]) if decode else ([1, 3], [40, 21])
+    batch = batch_of(q_lens, kv_lens, 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1)
+    assert int(batch.first_page.max()) > 0
+    check(batch, decode=decode, num_splits=2 if decode else None)
+
+
+@pytest.mark.parametrize("decode", [False, True])
+def test_head_dim_512_full_group_8(decode):
+    q_lens, kv_lens = ([1, 1], [70, 5]) if decode else ([1, 2], [70, 5])
+    check(batch_of(q_lens, kv_lens, 8, 1, 512, 64, seed=2), decode=decode, num_splits=3 if decode else None)
+
+
+def test_gemma_scale_one():
+    """Gemma 4 uses scale 1.0 (q/k norms): large logits, sharp softmax; fp32 must still agree."""
+    check(batch_of([1, 2], [50, 30], 4, 2, 256, 16, scale=1.0, seed=3), tol=2e-4)
+
+
+# --- GQA groups, both launch shapes ------------------------------------------------------------
+
+@pytest.mark.parametrize("group", [1, 2, 8, 16])
+def test_gqa_groups_prefill(group):
+    check(batch_of([1, 4, 2], [19, 4, 33], 2 * group, 2, 32, 16, seed=group))
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8, 16])
+def test_gqa_groups_decode_split(group):
+    check(batch_of([1, 1], [45, 12], group, 1, 32, 16, seed=group), num_splits=2)
+
+
+def test_non_power_of_two_group():
+    """Group 3 is padded to 4 rows per token; the padding rows must be dropped."""
+    check(batch_of([1, 3], [20, 7], 6, 2, 16, 16, seed=5))
+    check(batch_of([1, 1], [20, 7], 6, 2, 16, 16, seed=5), num_splits=2)
+
+
+# --- sliding window ------------------------------------------------------------------------------
+
+W = 8
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+@pytest.mark.parametrize("resident", [False, True])
+def test_window_boundary_decode(page_size, resident):
+    """Decodes that see W-1, W and W+1 keys, and one far past the window."""
+    batch = batch_of([1, 1, 1, 1], [W - 1, W, W + 1, 5 * W + 3], 4, 2, 16, page_size, wl=window_left(W),
+                     resident=resident, seed=page_size)
+    check(batch, num_splits=1)
+    check(batch, num_splits=3)
+
+
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_window_boundary_prefill(page_size):
+    """Chunks ending at W-1, W and W+1 keys, and a chunk whose queries straddle the window edge
+    (early queries see keys the later ones no longer see), over several key tiles and m-blocks."""
+    batch = batch_of([3, 4, 5, 12], [W - 1, W, W + 1, 40], 4, 2, 16, page_size, wl=window_left(W),
+                     resident=True, seed=7)
+    check(batch, config={"rows": 16, "block_n": 16})  # 8 tokens per m-block: the chunk spans two
+    check(batch)
+
+
+# --- ragged batches, page sizes, precisions ---------------------------------------------------------
+
+@pytest.mark.parametrize("page_size", [16, 64])
+@pytest.mark.parametrize("wl", [-1, 20])
+def test_ragged_mixed_batch(page_size, wl):
+    """Decode and prefill sequences in one batch, shuffled frames, chunked prefill mid-sequence."""
+    batch = batch_of([1, 5, 1, 17], [33, 5, 130, 40], 8, 2, 32, page_size, wl=wl, resident=wl >= 0, seed=11)
+    check(batch, config={"rows": 32, "block_n": 16})
+
+
+def test_decode_split_counts_including_empty_splits():
+    batch = batch_of([1, 1, 1], [200, 50, 17], 4, 2, 32, 16, seed=12)
+    outs = [check(batch, num_splits=s) for s in (1, 2, 5, 16)]  # 16 splits: short sequences get empty ones
+    for o in outs[1:]:
+        torch.testing.assert_close(o, outs[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("decode", [False, True])
+def test_low_precision(dtype, decode):
+    q_lens = [1, 1, 1] if decode else [1, 6, 2]
+    batch = batch_of(q_lens, [70, 30, 9], 4, 2, 64, 16, wl=window_left(24), resident=True, dtype=dtype, seed=13)
+    check(batch, decode=decode, num_splits=2 if decode else None)
+
+
+def test_query_seeing_no_key_yields_zeros():
+    batch = batch_of([3], [6], 2, 1, 16, 4, wl=1)
+    batch.first_page[0] = 1  # keys start at 4; the chunk's first query (position 3) sees none
+    batch.page_table[0, 0] = batch.page_table[0, 1]
+    got = check(batch)
+    assert torch.equal(got[0], torch.zeros_like(got[0]))
+
+
+def test_decode_split_heuristic():
+    cpu = torch.device("cpu")  # 132 SMs assumed off-GPU
+    assert ta.decode_splits(1, 16, 1024, cpu) == 4  # sliding window: >= 256 keys per split
+    assert ta.decode_splits(1, 4, 262144, cpu) == 64  # long full layer, one sequence
+    assert ta.decode_splits(16, 4, 262144, cpu) == 5  # 64 programs: about two waves
+    assert ta.decode_splits(64, 16, 8192, cpu) == 1  # enough programs already
+
+
+# --- KV write ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write_matches_reference(dtype):
+    P, H, D = 16, 3, 16  # width 48: not a power of two, the block mask matters
+    arena = torch.randn(5, 2 * P * H * D + 7).to(dtype)
+    k, v = torch.randn(6, H, D).to(dtype), torch.randn(6, H, D).to(dtype)
+    slots = torch.tensor([3 * P + 2, -1, 0, 4 * P + 15, -1, P + 7], dtype=torch.int32)
+    want = kv_write_ref(arena, k, v, slots, 7, 7 + P * H * D, P)
+    got = arena.clone()
+    tkv.kv_write_(got, k, v, slots, 7, 7 + P * H * D, P)
+    assert torch.equal(got, want)
+
+
+def test_ops_forced_to_triton(monkeypatch):
+    """G4RT_KERNELS=triton sends CPU tensors through the op to the kernels."""
+    monkeypatch.setenv("G4RT_KERNELS", "triton")
+    batch = batch_of([1, 3], [21, 9], 4, 2, 16, 16, wl=6, resident=True, seed=17)
+    assert ops.use_triton(batch.q)
+    got = ops.paged_attention(*batch.args())
+    torch.testing.assert_close(got, paged_attention_ref(*batch.args()), atol=2e-5, rtol=2e-5)
+    k = torch.randn(2, 2, 16)
+    slots = torch.tensor([5, -1], dtype=torch.int32)
+    offs = (batch.k_offset, batch.v_offset, 16)
+    want = kv_write_ref(batch.arena, k, k + 1, slots, *offs)
+    assert torch.equal(ops.kv_write(batch.arena, k, k + 1, slots, *offs), want)
+    arena = batch.arena.clone()
+    ops.kv_write_(arena, k, k + 1, slots, *offs)
+    assert torch.equal(arena, want)
+    monkeypatch.setenv("G4RT_KERNELS", "reference")
+    assert not ops.use_triton(batch.q)
