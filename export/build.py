@@ -150,7 +150,7 @@ def load_engine(engine_dir: str | Path, num_frames: int, **kw):
         return OrtEngine(engine_dir, num_frames, **kw)
     if backend == "inductor":
         from .inductor import InductorEngine
-        return InductorEngine(engine_dir, num_frames, **kw)
+        return InductorEngine.open(engine_dir, num_frames, **kw)
     if backend == "tensorrt":
         from .trt import TrtEngine
         return TrtEngine(engine_dir, num_frames, **kw)

@@ -38,7 +38,7 @@ def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_to
         cfg, geometry, backend="inductor", dtype=dtype, page_tokens=page_tokens, align=DEFAULT_ALIGN,
         name=model_dir.resolve().name, profiles={"batch_buckets": list(BATCH_BUCKETS)},
         files={"weights": str(model_dir.resolve()), "compile_cache": CACHE_DIR},
-        extra={"compile": {"mode": "max-autotune-no-cudagraphs", "cuda_graphs": "decode buckets"}})
+        extra={"compile": {"mode": "default", "cuda_graphs": "decode buckets"}})
     (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
     mf.write_manifest(out_dir, manifest)
     return manifest
@@ -68,26 +68,42 @@ class _ArenaStep(torch.nn.Module):
 
 
 class InductorEngine:
-    def __init__(self, engine_dir: str | Path, num_frames: int, device: str = "cuda"):
-        from g4rt.models.checkpoint import load_model
+    """PagedStep compiled by Inductor over an arena it owns; decode steps replayed as CUDA graphs.
+
+    `InductorEngine.open(engine_dir, num_frames)` loads what a built engine directory names;
+    the constructor takes a model already in memory (benchmarks build random weights on the GPU).
+    `compile_mode=None` skips torch.compile and captures the eager step instead (a fallback for
+    images where Inductor misbehaves; decode still replays as CUDA graphs).
+    """
+
+    def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default"):
         from g4rt.models.paged import PagedStep
         from g4rt.runtime.arena import Arena
 
-        self.engine_dir = Path(engine_dir)
-        self.manifest = mf.check_manifest(self.engine_dir, backend="inductor")
-        cache = self.engine_dir / self.manifest["files"]["compile_cache"]
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-        self.geometry = mf.manifest_geometry(self.manifest)
-        dtype = self.manifest["dtype"]
-        model = load_model(self.manifest["files"]["weights"], dtype=dtype, device=device)
-        mf.check_manifest(self.engine_dir, config=model.config)
-        self.arena = Arena.for_geometry(self.geometry, num_frames, dtype, device)
+        self.geometry = geometry
+        self.config = model.config
+        p = next(model.parameters())
+        self.arena = Arena.for_geometry(geometry, num_frames, p.dtype, p.device)
         self.device = self.arena.device
-        self.module = _ArenaStep(PagedStep(model, self.geometry), self.arena.tensor)
-        self.compiled = torch.compile(self.module, mode=self.manifest["compile"]["mode"], dynamic=True)
+        self.module = _ArenaStep(PagedStep(model, geometry), self.arena.tensor)
+        self.compile_mode = compile_mode
+        self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
+                         if compile_mode else self.module)
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
         self._pool = None
+
+    @classmethod
+    def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda") -> "InductorEngine":
+        from g4rt.models.checkpoint import load_model
+
+        engine_dir = Path(engine_dir)
+        manifest = mf.check_manifest(engine_dir, backend="inductor")
+        cache = engine_dir / manifest["files"]["compile_cache"]
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
+        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        model = load_model(manifest["files"]["weights"], dtype=manifest["dtype"], device=device)
+        mf.check_manifest(engine_dir, config=model.config)
+        return cls(model, mf.manifest_geometry(manifest), num_frames, manifest["compile"]["mode"])
 
     # ---- decode graphs -------------------------------------------------------------------------
     def _static_inputs(self, b: int, ms: int, mf_: int) -> list[torch.Tensor]:

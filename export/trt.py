@@ -66,8 +66,8 @@ def register_plugins() -> None:
                       GP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr, BLOCK_Q: tl.constexpr,
                       BLOCK_N: tl.constexpr, PREC: tl.constexpr):
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, out, out, SCALE, window_left, k_offset,
-                           v_offset, stride_frame, table_stride, HQ, HKV, G, GP, D, PAGE, BLOCK_Q, BLOCK_N, 1,
-                           False, PREC)
+                           v_offset, stride_frame, table_stride, 1, HQ, HKV, G, GP, D, PAGE, BLOCK_Q, BLOCK_N,
+                           False, False, PREC)
 
     kw_name = f"{schemas.PLUGIN_NAMESPACE}::{schemas.KV_WRITE}"
     pa_name = f"{schemas.PLUGIN_NAMESPACE}::{schemas.PAGED_ATTENTION}"
