@@ -134,6 +134,34 @@ _INT_KEYS = {f.name for f in fields(Gemma4Config) if f.type in ("int", "int | No
 _REQUIRED = [f.name for f in fields(Gemma4Config) if f.default is MISSING and f.default_factory is MISSING]
 
 
+def _per_layer_overrides(text: dict, kw: dict, source: str) -> dict:
+    """Read `global_head_dim` / `num_global_key_value_heads` back from HF's `per_layer_config`.
+
+    transformers >= 5.2x pops those two keys into `per_layer_config` (one entry per full layer,
+    keys may be zero-padded strings like "05") and `save_pretrained` writes only that. Published
+    5.5.0 checkpoints carry the flat keys, which win when present.
+    """
+    per_layer = text.get("per_layer_config")
+    if not isinstance(per_layer, dict) or not per_layer:
+        return {}
+    entries = {int(k): v for k, v in per_layer.items() if isinstance(v, dict)}
+    out = {}
+    head_dims = {v["head_dim"] for v in entries.values() if "head_dim" in v}
+    if "global_head_dim" not in kw and head_dims:
+        if len(head_dims) != 1:
+            raise ConfigError(f"{source}: per_layer_config has several head_dim values {sorted(head_dims)}")
+        out["global_head_dim"] = head_dims.pop()
+    kv = {v["num_key_value_heads"] for v in entries.values() if "num_key_value_heads" in v}
+    if "num_global_key_value_heads" not in kw and kv:
+        if len(kv) != 1:
+            raise ConfigError(f"{source}: per_layer_config has several num_key_value_heads values {sorted(kv)}")
+        heads = kv.pop()
+        if heads != kw.get("num_key_value_heads") and not kw.get("attention_k_eq_v"):
+            raise ConfigError(f"{source}: per_layer_config overrides num_key_value_heads without attention_k_eq_v")
+        out["num_global_key_value_heads"] = heads
+    return out
+
+
 def config_from_dict(raw: dict, source: str = "config") -> Gemma4Config:
     """Build a config from a HF config dict (multimodal wrapper or text-only)."""
     if not isinstance(raw, dict):
@@ -151,6 +179,7 @@ def config_from_dict(raw: dict, source: str = "config") -> Gemma4Config:
             raise ConfigError(f"{source}: key {k!r} must be an integer, got {kw[k]!r}")
     if "layer_types" in kw:
         kw["layer_types"] = tuple(kw["layer_types"])
+    kw.update(_per_layer_overrides(text, kw, source))
     rope = text.get("rope_parameters") or {}
     if SLIDING in rope:
         kw["rope_local_base"] = float(rope[SLIDING].get("rope_theta", 10000.0))

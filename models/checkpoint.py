@@ -1,0 +1,209 @@
+"""Load Hugging Face Gemma 4 safetensors checkpoints into `Gemma4Model`, and write seeded random ones.
+
+Accepted layouts: one `model.safetensors`, or shards listed in `model.safetensors.index.json`.
+Tensor names are HF's, under `model.language_model.` (the multimodal `Gemma4ForConditionalGeneration`
+release) or `model.` (a text-only `Gemma4ForCausalLM` save). Silently skipped: vision/audio tensors,
+and the dead k_proj/v_proj/k_norm of KV-shared layers. A tied `lm_head.weight`, if stored, must equal
+`embed_tokens.weight`. Anything else that is missing, unexpected or mis-shaped is a `CheckpointError`
+naming the tensor.
+
+All names and shapes are checked from the safetensors headers before any data is read. The model is
+built on the meta device, allocated once (`to_empty`) and filled one tensor at a time, so loading
+never holds two copies of the weights.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from .config import Gemma4Config, load_config
+from .model import Gemma4Model
+
+PREFIXES = ("model.language_model.", "model.")
+IGNORED_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+DEAD_SHARED = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
+TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def to_dtype(dtype: str | torch.dtype | None, cfg: Gemma4Config) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = dtype or cfg.dtype
+    if name not in TORCH_DTYPES:
+        raise CheckpointError(f"unsupported dtype {name!r} (use one of {', '.join(TORCH_DTYPES)})")
+    return TORCH_DTYPES[name]
+
+
+def checkpoint_files(ckpt_dir: Path) -> dict[str, Path]:
+    """tensor name -> shard file. Reads the index when present, else the single file's header."""
+    index = ckpt_dir / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map")
+        files = {name: ckpt_dir / fn for name, fn in weight_map.items()}
+        for p in set(files.values()):
+            if not p.is_file():
+                raise CheckpointError(f"{index}: shard {p.name} is missing")
+        return files
+    single = ckpt_dir / "model.safetensors"
+    if not single.is_file():
+        raise CheckpointError(f"{ckpt_dir}: neither model.safetensors nor model.safetensors.index.json")
+    with safe_open(single, framework="pt") as f:
+        return {name: single for name in f.keys()}
+
+
+def _dead_shared_names(cfg: Gemma4Config) -> set[str]:
+    return {f"layers.{i}.{n}" for i in range(cfg.first_kv_shared_layer, cfg.num_hidden_layers) for n in DEAD_SHARED}
+
+
+def _by_file(plan: dict) -> dict[Path, list[str]]:
+    """Group model names by shard so each file is opened once."""
+    out: dict[Path, list[str]] = {}
+    for name, (path, _) in plan.items():
+        out.setdefault(path, []).append(name)
+    return out
+
+
+def plan_load(cfg: Gemma4Config, files: dict[str, Path], expected: dict[str, tuple[int, ...]]):
+    """Map checkpoint names to model names and check them against `expected` (name -> shape).
+
+    Returns (model name -> (file, checkpoint name), stored lm_head location or None).
+    """
+    dead = _dead_shared_names(cfg)
+    plan, lm_head, unexpected = {}, None, []
+    for ck_name, path in files.items():
+        if ck_name.startswith(IGNORED_PREFIXES):
+            continue
+        if ck_name == "lm_head.weight":
+            lm_head = (path, ck_name)
+            continue
+        prefix = next((p for p in PREFIXES if ck_name.startswith(p)), None)
+        name = ck_name[len(prefix):] if prefix else None
+        if name in dead:
+            continue
+        if name not in expected or name in plan:
+            unexpected.append(ck_name)
+            continue
+        plan[name] = (path, ck_name)
+    if unexpected:
+        raise CheckpointError(f"unexpected tensor(s) in checkpoint: {', '.join(sorted(unexpected))}")
+    missing = sorted(set(expected) - set(plan))
+    if missing:
+        # Name them as this checkpoint would: with the prefix its other tensors use.
+        prefix = next((ck[:-len(n)] for n, (_, ck) in plan.items()), PREFIXES[-1])
+        raise CheckpointError(f"missing tensor(s) in checkpoint: {', '.join(prefix + n for n in missing)}")
+    if lm_head is not None and not cfg.tie_word_embeddings:
+        raise CheckpointError("lm_head.weight: untied output embeddings are not supported")
+    for path, names in _by_file(plan).items():
+        with safe_open(path, framework="pt") as f:
+            for name in names:
+                found = tuple(f.get_slice(plan[name][1]).get_shape())
+                if found != tuple(expected[name]):
+                    raise CheckpointError(f"tensor {plan[name][1]}: expected shape {tuple(expected[name])}, "
+                                          f"found {found}")
+    return plan, lm_head
+
+
+@torch.no_grad()
+def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu") -> Gemma4Model:
+    """Build a `Gemma4Model` for `ckpt_dir/config.json` and fill it from the safetensors in `ckpt_dir`.
+    `model.config` is the parsed `Gemma4Config`."""
+    ckpt_dir = Path(ckpt_dir)
+    cfg = load_config(ckpt_dir)
+    model = Gemma4Model(cfg, dtype=to_dtype(dtype, cfg), device="meta")
+    targets = dict(model.state_dict(keep_vars=True))
+    plan, lm_head = plan_load(cfg, checkpoint_files(ckpt_dir), {k: tuple(v.shape) for k, v in targets.items()})
+    model.to_empty(device=device)
+    model.reset_rope()
+    targets = dict(model.state_dict(keep_vars=True))
+    for path, names in _by_file(plan).items():
+        with safe_open(path, framework="pt") as f:
+            for name in names:
+                targets[name].copy_(f.get_tensor(plan[name][1]))
+    if lm_head is not None:
+        with safe_open(lm_head[0], framework="pt") as f:
+            head = f.get_tensor(lm_head[1])
+        if head.shape != model.embed_tokens.weight.shape or not torch.equal(
+                head.to(model.embed_tokens.weight), model.embed_tokens.weight):
+            raise CheckpointError("lm_head.weight: stored, but differs from embed_tokens.weight (config says tied)")
+    model.eval()
+    return model
+
+
+# ---- random checkpoints --------------------------------------------------------------------------
+
+def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Generator) -> torch.Tensor:
+    """Init scales that keep activations sane and make bugs visible: norms and scales are perturbed
+    away from 1 (a "1 + w" bug or a dropped scale changes the output), projections ~ 1/sqrt(fan_in),
+    embeddings large enough that logits spread over a few units (clear greedy choices)."""
+    def normal(std, mean=0.0):
+        return torch.randn(shape, generator=g, device=g.device) * std + mean
+
+    def uniform(lo, hi):
+        return torch.rand(shape, generator=g, device=g.device) * (hi - lo) + lo
+
+    leaf = name.rsplit(".", 1)[-1]
+    if name.endswith("layer_scalar"):
+        return uniform(0.5, 1.0)
+    if name.endswith("router.per_expert_scale"):
+        return uniform(0.5, 1.5)
+    if name.endswith(("q_norm.weight", "k_norm.weight")):
+        # Unit-RMS q and k with scale 1.0 give q.k a spread of sqrt(head_dim) (16-22 at 256/512): a
+        # near-argmax softmax in every layer, which makes a deep random model chaotic (any rounding
+        # difference flips it). ~0.5 keeps random softmaxes soft, as trained q/k norms do.
+        return normal(0.05, 0.5)
+    if name.endswith("router.scale") or ("norm" in name and leaf == "weight"):
+        return normal(0.15, 1.0)
+    if name == "embed_tokens.weight":
+        return normal(4.0 / cfg.hidden_size ** 0.5)
+    if name == "embed_tokens_per_layer.weight":
+        return normal(1.0 / cfg.hidden_size_per_layer_input ** 0.5)
+    if name.endswith("router.proj.weight"):
+        return normal(3.0 / shape[-1] ** 0.5)
+    return normal(1.0 / shape[-1] ** 0.5)  # Linear [out, in] and expert [E, out, in]: fan_in last
+
+
+def hf_config_dict(cfg: Gemma4Config, dtype: str) -> dict:
+    """A text-only HF config.json (`Gemma4ForCausalLM`)."""
+    d = cfg.to_hf_text_config()
+    d["dtype"] = dtype
+    d["architectures"] = ["Gemma4ForCausalLM"]
+    return d
+
+
+def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
+    """Write config.json + model.safetensors (HF text-only layout, names under `model.`) with seeded
+    random weights. Deterministic for a given (cfg, seed, dtype). Meant for small configs."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    g = torch.Generator().manual_seed(seed)
+    shapes = Gemma4Model(cfg, dtype=torch.float32, device="meta").state_dict()
+    tensors = {f"model.{name}": _random_tensor(name, t.shape, cfg, g).to(TORCH_DTYPES[dtype]).contiguous()
+               for name, t in shapes.items()}
+    save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, dtype), indent=2) + "\n")
+    return out
+
+
+@torch.no_grad()
+def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0) -> Gemma4Model:
+    """A model with seeded random weights drawn directly on `device` (same init rules as
+    `write_random_checkpoint`). GPU benchmarks of the published sizes use it: a 31B checkpoint file
+    would be 61 GB written and read back for nothing."""
+    model = Gemma4Model(cfg, dtype=dtype, device="meta")
+    model.to_empty(device=device)
+    model.reset_rope()
+    g = torch.Generator(device=device).manual_seed(seed)
+    for name, t in model.state_dict(keep_vars=True).items():
+        t.copy_(_random_tensor(name, t.shape, cfg, g))
+    model.eval()
+    return model

@@ -1,0 +1,303 @@
+"""The Gemma 4 text decoder as one plain torch module (gpt-fast style).
+
+Semantics follow Hugging Face's `Gemma4ForCausalLM` (transformers 5.24, see
+/work/shared/research/gemma4-spec.md) exactly, including its dtype behaviour: the residual stream
+stays in the model dtype, norms compute in fp32 and cast back, RoPE cos/sin are cast to the model
+dtype before they are applied, and the final softcap runs in the model dtype.
+
+Differences in *shape* from HF, on purpose:
+
+* The token axis is flat and varlen: `forward(token_ids [T], positions [T], attention)`. Batching,
+  caches and masks live outside the model, in the `attention` callable.
+* Attention is pluggable. Each layer computes q (normed, roped) and, when it owns a cache, k
+  (normed, roped) and v (v_norm'ed), then calls `attention(layer: LayerKV, q, k, v) -> o`. KV-shared
+  layers pass `k = v = None`; the callable reads the cache of `layer.source`.
+
+Parameter names equal HF's checkpoint names with the `model.` prefix removed (`embed_tokens.weight`,
+`layers.3.self_attn.q_proj.weight`, `layers.3.experts.gate_up_proj`, `layers.3.layer_scalar`, ...), so
+a checkpoint's state dict loads directly (see `checkpoint.py`). KV-shared layers have no
+k_proj/v_proj/k_norm (their checkpoint copies are dead weights, spec §2.4).
+
+Construct with the final dtype and device (`Gemma4Model(cfg, dtype=..., device=...)`) instead of
+calling `.to(dtype)` afterwards: the RoPE inverse frequencies are fp32 buffers and must stay fp32.
+"""
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import Gemma4Config
+from .layout import KVLayout, LayerKV
+
+# attention(layer, q [T,Hq,D], k [T,Hkv,D] | None, v [T,Hkv,D] | None) -> o [T,Hq,D]
+AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]], torch.Tensor]
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return F.gelu(x, approximate="tanh")
+
+
+class RMSNorm(nn.Module):
+    """Gemma 4 RMSNorm: fp32 math, multiply by the plain `weight` (not 1 + weight), cast back.
+    `with_scale=False` (v_norm, router.norm) has no weight at all."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True, dtype=None, device=None):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        # torch.pow(..., -0.5) rather than rsqrt, as HF does, so the fp32 results agree bit for bit.
+        y = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.type_as(x)
+
+
+def _linear(n_in: int, n_out: int, dtype, device) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=False, dtype=dtype, device=device)
+
+
+def rope_inv_freq(cfg: Gemma4Config, sliding: bool) -> torch.Tensor:
+    """fp32 inverse frequencies, length head_dim/2 of the layer type.
+
+    Sliding layers: default RoPE over the whole 256-dim head. Full layers: "proportional" RoPE: only
+    the first `partial * global_head_dim / 2` frequencies are non-zero, with exponent denominator
+    global_head_dim (not the rotated width); the rest are 0, so those dims pass through unchanged.
+    """
+    if sliding:
+        dim = cfg.head_dim
+        return 1.0 / (cfg.rope_local_base ** (torch.arange(0, dim, 2, dtype=torch.float) / dim))
+    dim = cfg.global_head_dim
+    angles = int(cfg.rope_global_partial_factor * dim // 2)
+    rotated = 1.0 / (cfg.rope_global_base ** (torch.arange(0, 2 * angles, 2, dtype=torch.float) / dim))
+    return torch.cat([rotated, torch.zeros(dim // 2 - angles, dtype=torch.float)])
+
+
+def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
+    """cos/sin [T, D] computed in fp32, then cast to the model dtype (HF applies RoPE in that dtype)."""
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D]; rotate_half pairs dims (i, i + D/2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: Gemma4Config, kv: LayerKV, dtype, device):
+        super().__init__()
+        self.kv = kv
+        H, D = cfg.hidden_size, kv.head_dim
+        self.q_proj = _linear(H, kv.num_q_heads * D, dtype, device)
+        self.q_norm = RMSNorm(D, cfg.rms_norm_eps, dtype=dtype, device=device)
+        if kv.owns_cache:
+            self.k_proj = _linear(H, kv.num_kv_heads * D, dtype, device)
+            # k_eq_v (26B/31B full layers): no v_proj; V is v_norm of the *raw* k_proj output.
+            self.v_proj = None if kv.k_eq_v else _linear(H, kv.num_kv_heads * D, dtype, device)
+            self.k_norm = RMSNorm(D, cfg.rms_norm_eps, dtype=dtype, device=device)
+            self.v_norm = RMSNorm(D, cfg.rms_norm_eps, with_scale=False)
+        self.o_proj = _linear(kv.num_q_heads * D, H, dtype, device)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        T, D = x.shape[0], self.kv.head_dim
+        q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
+        k = v = None
+        if self.kv.owns_cache:
+            k_raw = self.k_proj(x).view(T, -1, D)
+            v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
+            k = apply_rope(self.k_norm(k_raw), cos, sin)
+            v = self.v_norm(v_raw)
+        o = attention(self.kv, q, k, v)
+        return self.o_proj(o.reshape(T, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, inter: int, dtype, device):
+        super().__init__()
+        self.gate_proj = _linear(hidden, inter, dtype, device)
+        self.up_proj = _linear(hidden, inter, dtype, device)
+        self.down_proj = _linear(inter, hidden, dtype, device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Router(nn.Module):
+    """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale."""
+
+    def __init__(self, cfg: Gemma4Config, dtype, device):
+        super().__init__()
+        H, E = cfg.hidden_size, cfg.num_experts
+        self.top_k = cfg.top_k_experts
+        self.root = H ** -0.5
+        self.norm = RMSNorm(H, cfg.rms_norm_eps, with_scale=False)
+        self.proj = _linear(H, E, dtype, device)
+        self.scale = nn.Parameter(torch.ones(H, dtype=dtype, device=device))
+        self.per_expert_scale = nn.Parameter(torch.ones(E, dtype=dtype, device=device))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        z = self.norm(x) * self.scale * self.root
+        probs = torch.softmax(self.proj(z), dim=-1, dtype=torch.float32)
+        w, idx = torch.topk(probs, self.top_k, dim=-1)
+        w = w / w.sum(dim=-1, keepdim=True)
+        return w * self.per_expert_scale[idx], idx
+
+
+class Experts(nn.Module):
+    """Fused expert weights: gate_up_proj [E, 2I, H] (rows [0:I] gate, [I:2I] up), down_proj [E, H, I].
+
+    Experts run in ascending id order and add their weighted outputs into a model-dtype accumulator,
+    which is HF's "eager" experts implementation (not its default grouped_mm, whose accumulation order
+    differs). The eager loop visits only experts that some token picked, so it is data dependent.
+
+    Under `torch.export` (or with `static = True`) every expert runs on every token with weight 0 where
+    it was not picked: a static graph with the same sums (adding an exact 0 changes nothing), at E/k
+    times the expert FLOPs. Fine for tiny models; real MoE export wants a grouped-GEMM plugin.
+    """
+
+    static = False
+
+    def __init__(self, cfg: Gemma4Config, dtype, device):
+        super().__init__()
+        E, I, H = cfg.num_experts, cfg.moe_intermediate_size, cfg.hidden_size
+        self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, H, dtype=dtype, device=device))
+        self.down_proj = nn.Parameter(torch.empty(E, H, I, dtype=dtype, device=device))
+
+    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
+        return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+
+    def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        out = torch.zeros_like(x)
+        if self.static or torch.compiler.is_exporting():
+            for e in range(self.gate_up_proj.shape[0]):
+                w_e = (w * (idx == e)).sum(-1, keepdim=True)  # the token's weight for e, or exactly 0
+                out = out + (self._expert(e, x) * w_e).to(out.dtype)
+            return out
+        for e in torch.unique(idx).tolist():
+            token, slot = torch.where(idx == e)
+            y = self._expert(e, x[token]) * w[token, slot, None]
+            out.index_add_(0, token, y.to(out.dtype))
+        return out
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: Gemma4Config, kv: LayerKV, dtype, device):
+        super().__init__()
+        H, eps = cfg.hidden_size, cfg.rms_norm_eps
+
+        def norm(dim=H):
+            return RMSNorm(dim, eps, dtype=dtype, device=device)
+
+        self.self_attn = Attention(cfg, kv, dtype, device)
+        self.mlp = MLP(H, cfg.layer_intermediate(kv.index), dtype, device)
+        self.input_layernorm, self.post_attention_layernorm = norm(), norm()
+        self.pre_feedforward_layernorm, self.post_feedforward_layernorm = norm(), norm()
+        # Persistent: read from the checkpoint (JAX skip_scale); scales the whole residual stream.
+        self.register_buffer("layer_scalar", torch.ones(1, dtype=dtype, device=device))
+        self.has_ple = cfg.has_ple
+        if self.has_ple:
+            P = cfg.hidden_size_per_layer_input
+            self.per_layer_input_gate = _linear(H, P, dtype, device)
+            self.per_layer_projection = _linear(P, H, dtype, device)
+            self.post_per_layer_input_norm = norm()
+        self.has_moe = cfg.enable_moe_block
+        if self.has_moe:
+            self.router = Router(cfg, dtype, device)
+            self.experts = Experts(cfg, dtype, device)
+            self.post_feedforward_layernorm_1 = norm()
+            self.post_feedforward_layernorm_2 = norm()
+            self.pre_feedforward_layernorm_2 = norm()
+
+    def forward(self, h, cos, sin, attention: AttentionFn, ple: torch.Tensor | None):
+        a = self.self_attn(self.input_layernorm(h), cos, sin, attention)
+        h = h + self.post_attention_layernorm(a)
+
+        m = self.mlp(self.pre_feedforward_layernorm(h))
+        if self.has_moe:
+            # The dense MLP is the shared expert; router and experts read the un-normed residual.
+            w, idx = self.router(h)
+            moe = self.experts(self.pre_feedforward_layernorm_2(h), idx, w)
+            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(moe)
+        h = h + self.post_feedforward_layernorm(m)
+
+        if self.has_ple:
+            g = gelu_tanh(self.per_layer_input_gate(h)) * ple
+            h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
+        return h * self.layer_scalar
+
+
+class Gemma4Model(nn.Module):
+    """The text decoder. `forward` -> pre-norm hidden [T, H]; `logits(hidden rows)` -> fp32 logits."""
+
+    def __init__(self, cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=None):
+        super().__init__()
+        self.config = cfg
+        self.layout = KVLayout.from_config(cfg)
+        self.dtype = dtype
+        H = cfg.hidden_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, H, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(DecoderLayer(cfg, kv, dtype, device) for kv in self.layout.layers)
+        self.norm = RMSNorm(H, cfg.rms_norm_eps, dtype=dtype, device=device)
+        if cfg.has_ple:
+            L, P = cfg.num_hidden_layers, cfg.hidden_size_per_layer_input
+            self.embed_tokens_per_layer = nn.Embedding(cfg.vocab_size_per_layer_input, L * P, dtype=dtype, device=device)
+            self.per_layer_model_projection = _linear(H, L * P, dtype, device)
+            self.per_layer_projection_norm = RMSNorm(P, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.register_buffer("sliding_inv_freq", torch.empty(cfg.head_dim // 2, device=device), persistent=False)
+        self.register_buffer("full_inv_freq", torch.empty(cfg.global_head_dim // 2, device=device), persistent=False)
+        self.reset_rope()
+
+    def reset_rope(self) -> None:
+        """(Re)compute the fp32 RoPE tables; the checkpoint loader calls this after `to_empty`."""
+        if self.sliding_inv_freq.is_meta:
+            return
+        with torch.no_grad():
+            self.sliding_inv_freq.copy_(rope_inv_freq(self.config, sliding=True))
+            self.full_inv_freq.copy_(rope_inv_freq(self.config, sliding=False))
+
+    def _scaled_embed(self, table: nn.Embedding, ids: torch.Tensor, scale: float) -> torch.Tensor:
+        # The scale is rounded to the model dtype before the multiply (sqrt(1536) -> 39.25 in bf16).
+        s = torch.tensor(scale, dtype=torch.float32).to(table.weight.dtype)
+        return table(ids) * s.to(ids.device)
+
+    def _per_layer_inputs(self, ids: torch.Tensor, h_embed: torch.Tensor) -> torch.Tensor:
+        """PLE [T, L, P]: (norm(proj(h_embed) / sqrt(H)) + table[ids] * sqrt(P)) / sqrt(2)."""
+        cfg = self.config
+        T, L, P = ids.shape[0], cfg.num_hidden_layers, cfg.hidden_size_per_layer_input
+        tok = self._scaled_embed(self.embed_tokens_per_layer, ids, P ** 0.5).view(T, L, P)
+        proj = self.per_layer_model_projection(h_embed) * cfg.hidden_size ** -0.5
+        proj = self.per_layer_projection_norm(proj.view(T, L, P))
+        return (proj + tok) * 2.0 ** -0.5
+
+    def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
+        """token_ids, positions: int [T] (flat varlen batch) -> hidden [T, H] before the final norm."""
+        cfg = self.config
+        ids = token_ids.long()
+        h = self._scaled_embed(self.embed_tokens, ids, cfg.hidden_size ** 0.5)
+        ple = self._per_layer_inputs(ids, h) if cfg.has_ple else None
+        rope = {
+            True: rope_cos_sin(self.sliding_inv_freq, positions, h.dtype),
+            False: rope_cos_sin(self.full_inv_freq, positions, h.dtype),
+        }
+        for i, layer in enumerate(self.layers):
+            cos, sin = rope[layer.self_attn.kv.sliding]
+            h = layer(h, cos, sin, attention, ple[:, i] if ple is not None else None)
+        return h
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden rows [R, H] -> fp32 logits [R, vocab]: final norm, tied lm_head, softcap in model dtype."""
+        x = F.linear(self.norm(hidden), self.embed_tokens.weight)
+        cap = self.config.final_logit_softcapping
+        if cap is not None:
+            x = torch.tanh(x / cap) * cap
+        return x.float()

@@ -1,0 +1,59 @@
+"""The step graph: the model over the paged KV arena, one varlen step per call.
+
+`PagedStep.forward(arena, *StepBatch.tensors())` runs the model on the step's flat token axis. Each
+cache-owning layer scatters its new K/V rows into the arena (`g4rt::kv_write_`, or the functional
+`g4rt::kv_write` when exporting) and then attends with `g4rt::paged_attention`; a KV-shared layer
+only attends, using its source layer's K/V offsets (`PageGeometry.layer_offsets`). Sliding layers use
+the sliding page table / first page / slots, full layers the full ones with first page 0.
+
+The graph has no host syncs and no data-dependent Python control flow outside the MoE experts loop,
+so it is what torch.compile, torch.export and the ONNX exporter trace. Layer constants (offsets,
+page size, head counts, window) are Python ints baked into the graph.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+import g4rt.plugins.ops  # noqa: F401  (registers torch.ops.g4rt.*)
+from g4rt.plugins.reference import window_left
+
+from .layout import LayerKV, PageGeometry
+from .model import Gemma4Model
+
+
+class PagedStep(nn.Module):
+    """`forward(arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
+    full_table, full_slots, logits_rows)` -> fp32 logits [R, vocab]; with `functional=True` it returns
+    `(logits, new_arena)` and never mutates its input (ONNX export)."""
+
+    def __init__(self, model: Gemma4Model, geometry: PageGeometry, functional: bool = False):
+        super().__init__()
+        if geometry.layout.config != model.config:
+            raise ValueError("PagedStep: the page geometry was built for a different config than the model")
+        self.model = model
+        self.geometry = geometry
+        self.functional = functional
+
+    def forward(self, arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
+                full_table, full_slots, logits_rows):
+        geo = self.geometry
+        full_first = torch.zeros_like(kv_lens)  # the full group always starts at logical page 0
+        groups = {True: (sliding_table, sliding_first, sliding_slots, geo.page_tokens["sliding"]),
+                  False: (full_table, full_first, full_slots, geo.page_tokens["full"])}
+        state = {"arena": arena}
+
+        def attention(layer: LayerKV, q, k, v):
+            table, first, slots, page = groups[layer.sliding]
+            k_off, v_off = geo.layer_offsets(layer.index)
+            if k is not None:
+                if self.functional:
+                    state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page)
+                else:
+                    torch.ops.g4rt.kv_write_(state["arena"], k, v, slots, k_off, v_off, page)
+            return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, k_off, v_off,
+                                                  page, layer.num_kv_heads, window_left(layer.window), 1.0)
+
+        hidden = self.model(token_ids, positions, attention)
+        logits = self.model.logits(hidden.index_select(0, logits_rows.long()))
+        return (logits, state["arena"]) if self.functional else logits

@@ -1,0 +1,93 @@
+"""KVLayout / PageGeometry for the four published configs against the hand arithmetic of
+gemma4-spec.md §4 (bytes per token, per-request bytes at 262,144 positions, cache-owning layers,
+KV sources) and the page-geometry invariants every kernel relies on."""
+from __future__ import annotations
+
+import pytest
+
+from g4rt.models.config import PUBLISHED, load_config
+from g4rt.models.layout import KVLayout, PageGeometry
+
+CTX = 262_144
+
+# size: (bytes/token, keep-all bytes @262,144, sliding-ring bytes @262,144), spec §4 tables.
+SPEC_BYTES = {
+    "e2b": (18_432, 4_831_838_208, 1_616_904_192),
+    "e4b": (57_344, 15_032_385_536, 4_315_938_816),
+    "26b-a4b": (225_280, 59_055_800_320, 5_578_424_320),
+    "31b": (901_120, 236_223_201_280, 22_313_697_280),
+}
+# size: (sliding B/layer/token, full B/layer/token, #sliding owners, full owners)
+SPEC_GROUPS = {
+    "e2b": (1_024, 2_048, 12, (4, 9, 14)),
+    "e4b": (2_048, 4_096, 20, (5, 11, 17, 23)),
+    "26b-a4b": (8_192, 4_096, 25, (5, 11, 17, 23, 29)),
+    "31b": (16_384, 8_192, 50, tuple(range(5, 60, 6))),
+}
+# size: (first KV-shared layer, source of shared sliding layers, source of shared full layers)
+SPEC_SHARING = {"e2b": (15, 13, 14), "e4b": (24, 22, 23)}
+
+
+def layout(name: str) -> KVLayout:
+    return KVLayout.from_config(load_config(name))
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_bytes_match_spec(name):
+    lay = layout(name)
+    per_token, keep_all, ring = SPEC_BYTES[name]
+    assert lay.bytes_per_token == per_token
+    assert lay.request_bytes(CTX, keep_all=True) == keep_all
+    assert lay.request_bytes(CTX, keep_all=False) == ring
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_cache_groups_match_spec(name):
+    lay = layout(name)
+    s_bytes, f_bytes, n_sliding, full = SPEC_GROUPS[name]
+    assert lay.sliding.bytes_per_token_per_layer == s_bytes
+    assert lay.full.bytes_per_token_per_layer == f_bytes
+    assert len(lay.sliding.layers) == n_sliding
+    assert lay.full.layers == full
+    assert (lay.sliding.head_dim, lay.full.head_dim) == (256, 512)
+
+
+def test_e2b_owners_exactly():
+    lay = layout("e2b")
+    assert lay.sliding.layers == (0, 1, 2, 3, 5, 6, 7, 8, 10, 11, 12, 13)
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+def test_kv_sources(name):
+    lay = layout(name)
+    n = len(lay.layers)
+    first, s_src, f_src = SPEC_SHARING.get(name, (n, None, None))
+    for l in lay.layers:
+        if l.index < first:
+            assert l.owns_cache and l.source == l.index
+        else:
+            assert not l.owns_cache
+            assert l.source == (s_src if l.sliding else f_src)
+            assert lay.layers[l.source].sliding == l.sliding
+
+
+@pytest.mark.parametrize("name", sorted(PUBLISHED))
+@pytest.mark.parametrize("page_tokens", [1, 4, 16, 64])
+def test_page_geometry_invariants(name, page_tokens):
+    lay = layout(name)
+    geo = PageGeometry.build(lay, page_tokens=page_tokens)
+    for group in lay.groups:
+        tokens = geo.page_tokens[group.name]
+        block = tokens * group.num_kv_heads * group.head_dim
+        spans = sorted(span for i in group.layers for span in
+                       ((geo.offsets[i][0], geo.offsets[i][0] + block), (geo.offsets[i][1], geo.offsets[i][1] + block)))
+        assert spans[0][0] == 0
+        for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
+            assert a1 <= b0, f"{name} {group.name}: blocks overlap"
+        assert spans[-1][1] <= geo.frame_elems, f"{name} {group.name}: blocks overflow the frame"
+        assert 0 < geo.used_fraction(group.name) <= 1.0
+    # Every layer reads the offsets of the cache it attends over.
+    for l in lay.layers:
+        assert geo.layer_offsets(l.index) == geo.offsets[l.source]
+    # The frame is exactly as big as the larger group's page.
+    assert geo.frame_elems == max(geo.page_tokens[g.name] * g.bytes_per_token // g.dtype_bytes for g in lay.groups)
