@@ -8,17 +8,17 @@ STAMP   := $(VENV)/.installed
 # The CPU build of torch 2.13.0 lies on this project's machines; GPU-only packages are in the `gpu` extra.
 TORCH   ?= torch==2.13.0
 MODEL   ?= tiny
-PROMPT  ?= 2,15,7,42
+PROMPT  ?= Gemma 4 pages two caches
 TOKENS  ?= 24
+ENGINE  ?= artifacts/$(notdir $(MODEL))-ort
 PYTEST_ARGS ?=
 
-.PHONY: help venv run test test-fast plan build-tiny bench-gpu clean
+.PHONY: help venv run test plan bench-gpu clean
 
 help:
-	@echo "make run        generate tokens with the embedded tiny Gemma 4 (MODEL=dir|tiny, PROMPT=ids, TOKENS=n)"
+	@echo "make run        build the ONNX Runtime engine of the tiny Gemma 4 (or MODEL=dir) and generate (PROMPT=text, TOKENS=n)"
 	@echo "make test       run the CPU test suite (HF parity, kernels under TRITON_INTERPRET, runtime, export)"
 	@echo "make plan       KV bytes and capacity for the four published sizes"
-	@echo "make build-tiny export + build the ONNX Runtime engine of the tiny model into artifacts/"
 	@echo "make clean      remove the virtualenv and artifacts"
 
 $(STAMP): pyproject.toml
@@ -30,14 +30,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The main job: the ONNX Runtime engine of the model (built once into $(ENGINE)), then generation
+# through the paged runtime. MODEL=dir uses a Hugging Face checkpoint directory instead of `tiny`.
 run: $(STAMP)
-	$(BIN)/g4rt generate --model $(MODEL) --token-ids $(PROMPT) --max-new-tokens $(TOKENS)
+	test -f $(ENGINE)/manifest.json || $(BIN)/g4rt build --model $(MODEL) --backend onnxruntime --out $(ENGINE)
+	$(BIN)/g4rt generate --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens $(TOKENS)
 
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 plan: $(STAMP)
 	$(BIN)/g4rt plan
+
+# On a CUDA machine (the lent H200): kernels, runtime (262,144-position request), inductor engine vs HF.
+# Needs the `gpu` extra; results land in $(OUT_DIR) (committed copies live in */results/).
+OUT_DIR ?= artifacts/bench
+bench-gpu:
+	python3 -m g4rt.plugins.bench --out $(OUT_DIR)/kernels
+	python3 -m g4rt.export.bench --config 31b --out $(OUT_DIR)/engine --runtime-checks --long-context 262144
 
 clean:
 	rm -rf $(VENV) artifacts

@@ -10,6 +10,7 @@ Every engine directory holds a `manifest.json` (manifest.py) next to the backend
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import torch
@@ -30,17 +31,11 @@ class BuildError(RuntimeError):
 
 
 def resolve_model_dir(spec: str | Path) -> Path:
-    """A checkpoint directory (config.json + safetensors), or 'tiny' for the embedded tiny model."""
-    if str(spec) == "tiny":
-        from g4rt.models.tiny import ensure_tiny
-        return Path(ensure_tiny())
-    path = Path(spec)
-    if not (path / "config.json").is_file():
-        from g4rt.models.config import PUBLISHED
-        hint = (" (published sizes ship no weights here: pass a checkpoint directory)"
-                if str(spec).lower() in PUBLISHED else "")
-        raise BuildError(f"--model: {spec!r} is not a model directory with a config.json (or 'tiny'){hint}")
-    return path
+    from g4rt.models.tiny import resolve_model_dir as resolve
+    try:
+        return resolve(spec)
+    except FileNotFoundError as e:
+        raise BuildError(str(e)) from None
 
 
 def geometry_for(cfg, dtype: str, page_tokens: int, align: int = DEFAULT_ALIGN) -> PageGeometry:
@@ -66,8 +61,11 @@ def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "fl
     _tick(bar, "export ONNX")
     export_step(PagedStep(model, geometry, functional=True), geometry, out, DTYPES[dtype])
     del model
-    manifest = _manifest(cfg, geometry, model_dir, backend, dtype, page_tokens,
-                         files={"onnx": MODEL_FILE, "onnx_data": DATA_FILE})
+    files = {"onnx": MODEL_FILE, "onnx_data": DATA_FILE}
+    if (model_dir / "tokenizer.json").is_file():  # text prompts work with --engine alone
+        shutil.copyfile(model_dir / "tokenizer.json", out / "tokenizer.json")
+        files["tokenizer"] = "tokenizer.json"
+    manifest = _manifest(cfg, geometry, model_dir, backend, dtype, page_tokens, files=files)
     mf.write_manifest(out, manifest)
     return manifest
 

@@ -218,6 +218,7 @@ class TrtEngine:
         self.engine_dir = Path(engine_dir)
         self.manifest = mf.check_manifest(self.engine_dir, backend="tensorrt", check_kernels=True)
         self.geometry = mf.manifest_geometry(self.manifest)
+        self.config = mf.manifest_config(self.manifest)
         self.runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
         self.engine = self.runtime.deserialize_cuda_engine((self.engine_dir / PLAN_FILE).read_bytes())
         self.context = self.engine.create_execution_context()

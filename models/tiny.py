@@ -98,3 +98,17 @@ def ensure_tiny(dir: str | Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def resolve_model_dir(spec: str | Path) -> Path:
+    """What every `--model` flag accepts: 'tiny' (the embedded default, built on first use) or a
+    directory holding a Hugging Face `config.json` and safetensors."""
+    if str(spec) == "tiny":
+        return ensure_tiny()
+    path = Path(spec)
+    if not (path / "config.json").is_file():
+        from .config import PUBLISHED
+        hint = (" (the published sizes ship no weights here: pass a checkpoint directory)"
+                if str(spec).lower() in PUBLISHED else "")
+        raise FileNotFoundError(f"--model: {spec!r} is not a model directory with a config.json (or 'tiny'){hint}")
+    return path

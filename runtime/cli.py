@@ -39,13 +39,11 @@ def _positive(name: str, kind=int):
 
 
 def _model_dir(spec: str) -> Path:
-    if spec == "tiny":
-        from g4rt.models.tiny import ensure_tiny
-        return Path(ensure_tiny())
-    path = Path(spec)
-    if not (path / "config.json").is_file():
-        raise SystemExit(f"--model: {spec!r} is not a model directory with a config.json (or 'tiny')")
-    return path
+    from g4rt.models.tiny import resolve_model_dir
+    try:
+        return resolve_model_dir(spec)
+    except FileNotFoundError as e:
+        raise SystemExit(str(e)) from None
 
 
 def _tokenizer(model_dir: Path):
@@ -64,30 +62,46 @@ def cmd_generate(args) -> int:
     from .llm import LLM
     from .scheduler import SchedulerConfig
 
-    model_dir = _model_dir(args.model)
-    tok = _tokenizer(model_dir)
+    if (args.model is None) == (args.engine is None):
+        raise SystemExit("generate: give exactly one of --model (eager engine) and --engine (a built engine dir)")
+    source = Path(args.engine) if args.engine else _model_dir(args.model)
+    tok = _tokenizer(source)
     prompts = list(args.token_ids or [])
     for text in args.prompt or []:
         if tok is None:
-            raise SystemExit(f"--prompt needs {model_dir / 'tokenizer.json'}; pass --token-ids instead")
+            raise SystemExit(f"--prompt needs {source / 'tokenizer.json'}; pass --token-ids instead")
         prompts.append(tok.encode(text).ids)
     if not prompts:
         raise SystemExit("generate: give at least one --token-ids or --prompt")
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = load_model(model_dir, dtype=dtype, device=args.device)
     try:
         params = [SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  top_p=args.top_p, seed=None if args.seed is None else args.seed + i)
                   for i in range(len(prompts))]
+        config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
     except ValueError as e:
         raise SystemExit(f"generate: {e}")
-    config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
-    geometry = LLM.geometry_for(model, args.page_tokens)
-    # Default pool: every request at once (their admission promises summed).
-    frames = args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, args.chunk).frames
-                                    for p in prompts)
-    kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
-    llm = LLM.reference(model, **kw) if args.reference else LLM.paged(model, **kw)
+
+    def frames_for(geometry) -> int:  # default pool: every request at once (their promises summed)
+        return args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, args.chunk).frames
+                                      for p in prompts)
+
+    if args.engine:
+        from g4rt.export.build import load_engine
+        from g4rt.export.manifest import ManifestError, manifest_geometry, read_manifest
+        try:
+            frames = frames_for(manifest_geometry(read_manifest(args.engine)))
+            engine = load_engine(args.engine, frames)
+        except (ManifestError, OSError, RuntimeError) as e:
+            raise SystemExit(f"generate: --engine: {e}")
+        llm = LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids)
+        engine_name = f"{read_manifest(args.engine)['backend']} engine"
+    else:
+        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+        model = load_model(source, dtype=dtype, device=args.device)
+        frames = frames_for(LLM.geometry_for(model, args.page_tokens))
+        kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
+        llm = LLM.reference(model, **kw) if args.reference else LLM.paged(model, **kw)
+        engine_name = "linear reference" if args.reference else "eager paged"
     t0 = time.perf_counter()
     try:
         outs = llm.generate(prompts, params)
@@ -98,7 +112,7 @@ def cmd_generate(args) -> int:
     results = [{"prompt_token_ids": o.prompt_token_ids, "token_ids": o.token_ids, "finish_reason": o.finish_reason,
                 "text": tok.decode(o.token_ids) if tok else None, "ttft_s": o.ttft_s,
                 "decode_tokens_per_s": o.decode_tokens_per_s} for o in outs]
-    summary = {"engine": "linear" if args.reference else "paged", "frames": frames, "wall_s": wall,
+    summary = {"engine": engine_name, "frames": frames, "wall_s": wall,
                "tokens": n_tokens, "tokens_per_s": n_tokens / wall if wall > 0 else None}
     if args.json:
         print(json.dumps({"outputs": results, **summary}))
@@ -136,7 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate tokens from one or more prompts",
                        description="Generate with continuous batching over the paged KV arena "
                                    "(or the linear reference cache with --reference).")
-    g.add_argument("--model", required=True, help="model directory (config.json + safetensors) or 'tiny'")
+    g.add_argument("--model", help="model directory (config.json + safetensors) or 'tiny': the eager engine")
+    g.add_argument("--engine", help="an engine directory from `g4rt build` (its manifest names the backend)")
     g.add_argument("--token-ids", type=_token_ids, action="append",
                    help="a prompt as comma-separated token ids, e.g. 2,15,7 (repeat for several prompts)")
     g.add_argument("--prompt", action="append", help="a prompt as text (needs tokenizer.json; repeatable)")

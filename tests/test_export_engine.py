@@ -35,13 +35,7 @@ PROMPTS = [[2, 15, 7, 42, 9, 3, 11, 5, 8, 13, 21], [2, 99, 4]]  # the first span
 SCHED = SchedulerConfig(max_num_batched_tokens=16, chunk=8)  # chunked prefill mixed with decode
 
 
-# The MoE block loops over `torch.unique(idx).tolist()` (models/model.py Experts.forward): a
-# data-dependent loop torch.export cannot trace. Until the model has an export path, 26b is xfail.
-_MOE_BLOCKER = pytest.mark.xfail(reason="Experts.forward is data-dependent (torch.unique().tolist()); "
-                                        "torch.export cannot trace it", strict=False)
-
-
-@pytest.fixture(scope="module", params=["e2b", "e4b", pytest.param("26b", marks=_MOE_BLOCKER), "31b"])
+@pytest.fixture(scope="module", params=["e2b", "e4b", "26b", "31b"])
 def built(request, tmp_path_factory):
     variant = request.param
     root = tmp_path_factory.mktemp(f"export_{variant}")

@@ -1,7 +1,6 @@
 """`g4rt plan` against gemma4-spec.md §4/§5 arithmetic, and `g4rt generate` end to end."""
 from __future__ import annotations
 
-import importlib
 import json
 import subprocess
 import sys
@@ -84,22 +83,8 @@ def model_dir(tmp_path_factory):
     return write_random_checkpoint(cfg, tmp_path_factory.mktemp("cli_model"), seed=1, dtype="float32")
 
 
-def _available(module: str) -> bool:
-    try:
-        importlib.import_module(module)
-    except ImportError:
-        return False
-    return True
-
-
-def _paged_available() -> bool:
-    return _available("g4rt.models.paged")
-
-
 @pytest.mark.parametrize("engine", ["--reference", "paged"])
 def test_generate_json(capsys, model_dir, engine):
-    if engine == "paged" and not _paged_available():
-        pytest.skip("models/paged.py not available yet")
     args = ["generate", "--model", str(model_dir), "--token-ids", "2,15,7,9,11,3,4,5,6,7", "--token-ids", "2,40",
             "--max-new-tokens", "5", "--page-tokens", "4", "--chunk", "4", "--json"]
     out = json.loads(run_cli(capsys, *args, *([engine] if engine.startswith("--") else [])))
@@ -111,8 +96,6 @@ def test_generate_json(capsys, model_dir, engine):
 
 
 def test_generate_tiny_console_script():
-    if not _available("g4rt.models.tiny") or not _paged_available():
-        pytest.skip("models/tiny.py or models/paged.py not available yet")
     exe = Path(sys.executable).parent / "g4rt"  # the console script of this environment
     assert exe.is_file(), f"console script g4rt not installed at {exe}"
     r = subprocess.run([exe, "generate", "--model", "tiny", "--token-ids", "2,15,7", "--max-new-tokens", "4",
@@ -120,6 +103,23 @@ def test_generate_tiny_console_script():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert len(out["outputs"][0]["token_ids"]) >= 1
+
+
+def test_generate_with_a_built_engine_matches_eager(capsys, model_dir, tmp_path):
+    """`g4rt build` (ONNX Runtime) then `generate --engine`: the same greedy tokens as the eager engine."""
+    from g4rt.export.build import build
+    engine_dir = build(model_dir, "onnxruntime", tmp_path / "ort", dtype="float32", page_tokens=4, progress=False)
+    capsys.readouterr()  # the exporter's own chatter
+    args = ["--token-ids", "2,15,7,9,11,3,4,5,6,7", "--token-ids", "2,40", "--max-new-tokens", "5", "--chunk", "4",
+            "--json"]
+    eager = json.loads(run_cli(capsys, "generate", "--model", str(model_dir), "--page-tokens", "4", *args))
+    built = json.loads(run_cli(capsys, "generate", "--engine", str(engine_dir), *args))
+    assert built["engine"] == "onnxruntime engine"
+    assert [o["token_ids"] for o in built["outputs"]] == [o["token_ids"] for o in eager["outputs"]]
+    with pytest.raises(SystemExit, match="exactly one of --model"):
+        main(["generate", "--model", str(model_dir), "--engine", str(engine_dir), "--token-ids", "2"])
+    with pytest.raises(SystemExit, match="--engine"):
+        main(["generate", "--engine", str(tmp_path), "--token-ids", "2"])
 
 
 def test_generate_bad_input_names_the_flag(capsys, model_dir):

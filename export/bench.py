@@ -1,0 +1,229 @@
+"""The inductor engine on the H200: tokens against the eager paged engine, decode speed against the
+bandwidth roofline measured in the same run, and Hugging Face transformers on the same weights.
+
+    python -m g4rt.export.bench --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
+                                 [--runtime-checks] [--long-context 262144]
+
+One process builds the model once (random bf16 weights drawn on the GPU) and runs, in order:
+ceilings (copy bandwidth), eager engine, inductor engine (torch.compile + CUDA-graph decode),
+HF `Gemma4ForCausalLM` (sdpa, its own DynamicCache) with the same weights; then, if asked, the
+runtime's checks (runtime/bench.py: paged vs linear tokens, one long request against the plan).
+Each stage appends one JSON line to DIR/export_bench.jsonl as it finishes, so a run cut short by a
+time limit still reports what it did.
+
+Roofline of a decode step: every weight is read once per step (the tied embedding as the lm_head;
+the embedding lookup reads only a few rows), at the measured copy bandwidth; at 128 + 64 positions
+the KV bytes are negligible next to 61 GB of weights.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import statistics
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+from g4rt.models.checkpoint import random_model
+from g4rt.models.config import load_config
+from g4rt.runtime.admission import promise_for
+from g4rt.runtime.llm import LLM
+from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.scheduler import SchedulerConfig
+
+from .inductor import InductorEngine
+
+
+class Log:
+    def __init__(self, out: Path):
+        self.path = out / "export_bench.jsonl"
+
+    def __call__(self, record: dict) -> dict:
+        print(json.dumps(record), flush=True)
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        return record
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
+    """Device-to-device copy, bytes read + written per second (median of `reps`)."""
+    src = torch.randn(nbytes // 4, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(reps + 3):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        dst.copy_(src)
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return 2 * (nbytes // 2) / statistics.median(times[3:])
+
+
+def weight_bytes_per_step(model) -> int:
+    """Every parameter once: the tied embedding is read whole as the lm_head; the lookup reads rows."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
+def prompts_for(model, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, model.config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
+
+
+def run_llm(make_llm, prompts, new_tokens: int) -> dict:
+    """Generate greedily; decode tok/s per sequence from first token to finish (median over sequences)."""
+    llm = make_llm()
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    llm.generate(prompts, params)  # warm-up: compile and capture every graph the timed run will replay
+    _sync()
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    wall = time.perf_counter() - t0
+    per_seq = [o.decode_tokens_per_s for o in outs]
+    return {"tokens": [o.token_ids for o in outs], "decode_tok_s_per_seq": statistics.median(per_seq),
+            "decode_tok_s_total": statistics.median(per_seq) * len(prompts),
+            "ttft_s": statistics.median(o.ttft_s for o in outs), "wall_s": round(wall, 2)}
+
+
+def hf_model_from(model):
+    """HF `Gemma4ForCausalLM` on the GPU holding a copy of `model`'s weights (same names under `model.`)."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    from g4rt.models.checkpoint import hf_config_dict
+
+    dtype = model.embed_tokens.weight.dtype
+    cfg = Gemma4TextConfig(**hf_config_dict(model.config, str(dtype).removeprefix("torch.")))
+    cfg._attn_implementation = "sdpa"
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(model.embed_tokens.weight.device):
+            hf = Gemma4ForCausalLM(cfg)
+    finally:
+        torch.set_default_dtype(torch.float32)
+    missing, unexpected = hf.load_state_dict({f"model.{k}": v for k, v in model.state_dict().items()}, strict=False)
+    if unexpected or any(not m.startswith("lm_head") for m in missing):
+        raise RuntimeError(f"HF state dict mismatch: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return hf.eval()
+
+
+@torch.inference_mode()
+def hf_decode(hf, prompts, new_tokens: int) -> dict:
+    ids = torch.tensor(prompts, device=hf.device)
+
+    def gen(n):
+        _sync()
+        t = time.perf_counter()
+        out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        _sync()
+        return out, time.perf_counter() - t
+
+    gen(2)  # warm-up
+    _, t_one = gen(1)
+    out, t_all = gen(new_tokens + 1)
+    per_seq = new_tokens / (t_all - t_one)
+    return {"tokens": out[:, ids.shape[1]:ids.shape[1] + new_tokens].tolist(), "decode_tok_s_per_seq": per_seq,
+            "decode_tok_s_total": per_seq * len(prompts), "prefill_s": t_one}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m g4rt.export.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="31b")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--batches", default="1,8")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--new-tokens", type=int, default=64)
+    ap.add_argument("--compile-mode", default="default", help="torch.compile mode; 'none' captures eager steps")
+    ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
+    ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--runtime-checks", action="store_true", help="also run runtime/bench.py's equality check")
+    ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
+    ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--seed", type=int, default=0)
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    log = Log(a.out)
+    bw = copy_bandwidth()
+    t0 = time.perf_counter()
+    model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed)
+    wbytes = weight_bytes_per_step(model)
+    log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
+         "copy_GBps": round(bw / 1e9, 1), "weight_bytes_per_step": wbytes, "build_s": round(time.perf_counter() - t0, 1),
+         "roofline_tok_s_batch1": round(bw / wbytes, 1)})
+    batches = [int(x) for x in a.batches.split(",")]
+    geometry = LLM.geometry_for(model)
+    frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, 512).frames for _ in range(max(batches))) + 8
+    cfg = SchedulerConfig(max_num_batched_tokens=2048, chunk=512, max_num_seqs=max(batches))
+    mode = None if a.compile_mode == "none" else a.compile_mode
+    engines = {
+        "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),
+        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode), frames, cfg,
+                                eos_ids=model.config.eos_token_ids),
+    }
+    engines = {k: v for k, v in engines.items() if k in a.engines.split(",")}
+    ok, results = True, {}
+    for b in batches:
+        prompts = prompts_for(model, b, a.prompt_len, a.seed + b)
+        for name, make in engines.items():
+            try:
+                t = time.perf_counter()
+                r = run_llm(make, prompts, a.new_tokens)
+                results[(name, b)] = r
+                log({"stage": name, "batch": b, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
+                     "decode_tok_s_per_seq": round(r["decode_tok_s_per_seq"], 2),
+                     "decode_tok_s_total": round(r["decode_tok_s_total"], 1),
+                     "of_roofline": round(r["decode_tok_s_per_seq"] / (bw / wbytes), 3),
+                     "ttft_s": round(r["ttft_s"], 3), "stage_s": round(time.perf_counter() - t, 1),
+                     "tokens_equal_eager": r["tokens"] == results[("eager", b)]["tokens"]})
+                ok &= r["tokens"] == results[("eager", b)]["tokens"]
+            except Exception as e:  # record and go on: one broken engine must not hide the others
+                ok = False
+                log({"stage": name, "batch": b, "error": f"{type(e).__name__}: {e}",
+                     "trace": traceback.format_exc()[-3000:]})
+            gc.collect()
+            torch.cuda.empty_cache()
+    if a.runtime_checks or a.long_context:
+        from g4rt.runtime import bench as rb
+        try:
+            if a.runtime_checks:
+                r = rb.paged_vs_linear(model, a.out, [2500, 1300, 700], 16, 1024, a.seed)
+                ok &= all(r["identical"])
+            if a.long_context:
+                r = rb.long_context(model, a.out, a.long_context, a.chunk, 4, a.seed)
+                ok &= r["within_5pct"] and r["finish_reason"] == "length"
+        except Exception as e:
+            ok = False
+            log({"stage": "runtime", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]})
+        gc.collect()
+        torch.cuda.empty_cache()
+    if not a.skip_hf:
+        try:
+            hf = hf_model_from(model)
+            for b in batches:
+                prompts = prompts_for(model, b, a.prompt_len, a.seed + b)
+                r = hf_decode(hf, prompts, a.new_tokens)
+                ours = results.get(("eager", b), {}).get("tokens")
+                log({"stage": "hf", "batch": b, "decode_tok_s_per_seq": round(r["decode_tok_s_per_seq"], 2),
+                     "decode_tok_s_total": round(r["decode_tok_s_total"], 1), "prefill_s": round(r["prefill_s"], 3),
+                     "tokens_equal_eager": r["tokens"] == ours,
+                     "first_difference_at": [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None)
+                                             for p, q in zip(r["tokens"], ours or [])]})
+            del hf
+            torch.cuda.empty_cache()
+        except Exception as e:
+            log({"stage": "hf", "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]})
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,160 @@
+"""GPU checks of the runtime, for the H200 (`make bench-gpu` runs them; results are committed
+under runtime/results/ with the command that produced them).
+
+* `long`: one request of `--context` positions (chunked prefill plus a few decode tokens) on a
+  published config with random bf16 weights, sliding reclamation on. The peak frames each group held
+  are compared with `g4rt plan`'s arithmetic (models/layout.py): they must agree within 5%.
+* `equal`: the paged engine (Triton kernels) against the linear reference cache (torch `attend`),
+  same scheduler and step batches, bf16, prompts several windows long: greedy tokens must be equal.
+
+    python -m g4rt.runtime.bench --config 31b --out DIR [--context 262144] [--chunk 8192] [--skip-long]
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from g4rt.models.checkpoint import random_model
+from g4rt.models.config import load_config
+from g4rt.models.layout import KVLayout
+
+from .admission import promise_for
+from .llm import LLM
+from .sampling import SamplingParams
+from .scheduler import SchedulerConfig
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def _log(out: Path, record: dict) -> None:
+    print(json.dumps(record), flush=True)
+    with open(out / "runtime_bench.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: int) -> dict:
+    """Run one request to `context` positions; record per-group peak frames against the plan."""
+    geometry = LLM.geometry_for(model)
+    prompt_len = context - decode
+    promise = promise_for(geometry, prompt_len, decode, chunk)
+    cfg = SchedulerConfig(max_num_batched_tokens=chunk, chunk=chunk, max_num_seqs=1)
+    llm = LLM.paged(model, num_frames=promise.frames, config=cfg)
+    g = torch.Generator().manual_seed(seed)
+    prompt = torch.randint(3, model.config.vocab_size, (prompt_len,), generator=g).tolist()
+    rid = llm.add_request(prompt, SamplingParams(max_new_tokens=decode, ignore_eos=True))
+    seq = llm.scheduler.waiting[0]
+    peak = {"sliding": 0, "full": 0}
+    step_times, done = [], []
+    _sync()
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while llm.has_unfinished():
+            ts = time.perf_counter()
+            done += llm.step()
+            _sync()
+            step_times.append(time.perf_counter() - ts)
+            if seq.pages is not None and not seq.pages.released:
+                peak["sliding"] = max(peak["sliding"], seq.pages.peak_sliding)
+                peak["full"] = max(peak["full"], len(seq.pages.full.frames))
+            if len(step_times) % 8 == 0:
+                _log(out, {"check": "long.progress", "steps": len(step_times), "computed": seq.computed,
+                           "elapsed_s": round(time.perf_counter() - t0, 1)})
+    total = time.perf_counter() - t0
+    (res,) = [o for o in done if o.request_id == rid]
+    layout = KVLayout.from_config(model.config, "bfloat16")
+    frame = geometry.frame_bytes()
+    plan = {"sliding": layout.sliding.bytes_per_token * layout.sliding.resident_positions(context, chunk),
+            "full": layout.full.bytes_per_token * context}
+    measured = {g_: peak[g_] * frame for g_ in peak}
+    n_prefill = -(-prompt_len // chunk)
+    record = {
+        "check": "long", "context": context, "chunk": chunk, "page_tokens": geometry.page_tokens,
+        "frame_bytes": frame, "finish_reason": res.finish_reason, "error": res.error,
+        "generated": len(res.token_ids), "peak_frames": peak, "measured_bytes": measured, "plan_bytes": plan,
+        "ratio": {g_: measured[g_] / plan[g_] for g_ in plan},
+        "within_5pct": all(abs(measured[g_] / plan[g_] - 1) <= 0.05 for g_ in plan),
+        "prefill_s": round(sum(step_times[:n_prefill]), 2), "decode_step_s": [round(t, 4) for t in step_times[n_prefill:]],
+        "total_s": round(total, 2), "arena_frames": promise.frames,
+        "all_frames_returned": llm.pool.num_free == llm.pool.num_frames and llm.pool.reserved == 0,
+    }
+    _log(out, record)
+    llm.engine.arena.close()
+    return record
+
+
+def paged_vs_linear(model, out: Path, prompt_lens: list[int], new_tokens: int, chunk: int, seed: int) -> dict:
+    """Greedy tokens of the paged engine (Triton) and the linear reference, same step batches."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    geometry = LLM.geometry_for(model)
+    frames = sum(promise_for(geometry, n, new_tokens, chunk).frames for n in prompt_lens)
+    cfg = SchedulerConfig(max_num_batched_tokens=chunk, chunk=chunk, max_num_seqs=len(prompts))
+    runs = {}
+    for name in ("paged", "linear"):
+        llm = LLM.paged(model, num_frames=frames, config=cfg, record_logits=True) if name == "paged" else \
+            LLM.reference(model, num_frames=frames, config=cfg, record_logits=True)
+        t0 = time.perf_counter()
+        outs = llm.generate(prompts, params)
+        runs[name] = [o.token_ids for o in outs]
+        runs[name + "_logits"] = [o.logits[0] for o in outs]  # the prompt's last row: same inputs both ways
+        runs[name + "_s"] = round(time.perf_counter() - t0, 2)
+        if name == "paged":
+            llm.engine.arena.close()
+    same = [a == b for a, b in zip(runs["paged"], runs["linear"])]
+    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
+                  for a, b in zip(runs["paged"], runs["linear"])]
+    rel = [((a - b).norm() / b.norm()).item() for a, b in zip(runs["paged_logits"], runs["linear_logits"])]
+    record = {"check": "equal", "prompt_lens": prompt_lens, "first_logits_rel_err": rel, "new_tokens": new_tokens, "chunk": chunk,
+              "identical": same, "first_difference_at": first_diff, "paged_s": runs["paged_s"],
+              "linear_s": runs["linear_s"], "tokens_paged": runs["paged"], "tokens_linear": runs["linear"]}
+    _log(out, record)
+    return record
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m g4rt.runtime.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="31b", help="published size or config.json path (random bf16 weights)")
+    ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--context", type=int, default=262144)
+    ap.add_argument("--chunk", type=int, default=8192)
+    ap.add_argument("--decode", type=int, default=4)
+    ap.add_argument("--equal-prompts", default="2500,1300,700", help="prompt lengths of the equality check")
+    ap.add_argument("--equal-tokens", type=int, default=16)
+    ap.add_argument("--equal-chunk", type=int, default=1024)
+    ap.add_argument("--skip-long", action="store_true")
+    ap.add_argument("--skip-equal", action="store_true")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--layers", type=int, default=0, help="keep only the first N layers (a mid-size model)")
+    a = ap.parse_args(argv)
+    a.out.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    cfg = load_config(a.config)
+    if a.layers:
+        cfg = dataclasses.replace(cfg, num_hidden_layers=a.layers, layer_types=cfg.layer_types[:a.layers],
+                                  num_kv_shared_layers=0)
+    model = random_model(cfg, dtype=torch.bfloat16, device=a.device, seed=a.seed)
+    _log(a.out, {"check": "build", "config": a.config, "seconds": round(time.perf_counter() - t0, 1),
+                 "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__})
+    ok = True
+    if not a.skip_equal:
+        r = paged_vs_linear(model, a.out, [int(x) for x in a.equal_prompts.split(",")], a.equal_tokens, a.equal_chunk, a.seed)
+        ok &= all(r["identical"])
+    if not a.skip_long:
+        r = long_context(model, a.out, a.context, a.chunk, a.decode, a.seed)
+        ok &= r["within_5pct"] and r["finish_reason"] == "length" and r["all_frames_returned"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
