@@ -87,6 +87,13 @@ class InductorEngine:
         self.device = self.arena.device
         self.module = _ArenaStep(PagedStep(model, geometry), self.arena.tensor)
         self.compile_mode = compile_mode
+        if compile_mode:
+            # Round intermediates to the model dtype where eager torch does. Without it Inductor keeps
+            # fused bf16 chains in fp32 and compiled logits drift further from eager ones (on CPU it
+            # halves the drift; fused reductions still sum in another order, so compiled and eager
+            # bf16 are close, not bit-equal: tests/test_export_inductor.py).
+            import torch._inductor.config as inductor_config
+            inductor_config.emulate_precision_casts = True
         self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
                          if compile_mode else self.module)
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
