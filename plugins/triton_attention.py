@@ -154,19 +154,27 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
-def default_config(head_dim: int, decode: bool) -> dict:
+def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
-    From the H200 sweep (plugins/bench.py, torch 2.11 / triton 3.6): prefill D=256 128x64/8 warps
-    308 TFLOP/s (64x32/4: 256); D=512 64x32/8 warps/1 stage 149 TFLOP/s (larger tiles exceed smem);
-    decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512)."""
+    From the H200 sweep (plugins/bench.py, torch 2.11 / triton 3.6), for 2-byte inputs: prefill D=256
+    128x64/8 warps 308 TFLOP/s (64x32/4: 256); D=512 64x32/8 warps/1 stage 149 TFLOP/s (larger tiles
+    exceed smem); decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
+    fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved:
+    fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB. Untimed; chosen to fit."""
     if decode:
-        return {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
-    if head_dim <= 128:
-        return {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
-    if head_dim <= 256:
-        return {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
-    return {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
+        cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
+    elif head_dim <= 128:
+        cfg = {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+    elif head_dim <= 256:
+        cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
+    else:
+        cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
+    if elem_bytes > 2:
+        cfg["block_n"] = max(16, cfg["block_n"] // 2)
+        if not decode:
+            cfg["rows"] = max(16, cfg["rows"] // 2)
+    return cfg
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
@@ -205,7 +213,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
-    cfg = {**default_config(D, is_decode), **(config or {})}
+    cfg = {**default_config(D, is_decode, q.element_size()), **(config or {})}
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
