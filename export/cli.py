@@ -47,10 +47,21 @@ def cmd_build(args) -> int:
 
 
 def add_subcommands(subparsers) -> None:
-    e = subparsers.add_parser("export", help="export the step graph to ONNX (model.onnx + data + manifest)")
+    e = subparsers.add_parser(
+        "export", help="export the step graph to ONNX (model.onnx + data + manifest)",
+        description="Export one runtime step (arena + StepBatch in, logits + arena out) as ONNX. The two plugin "
+                    "ops are single nodes G4KVWrite / G4PagedAttention in domain 'gemma4' (what TensorRT's parser "
+                    "hands to registered plugins), each with a reference ONNX function so ONNX Runtime on CPU runs "
+                    "the graph. Weights go to model.onnx.data.")
     _common(e)
     e.set_defaults(func=cmd_export)
-    b = subparsers.add_parser("build", help="build an engine directory for one backend")
+    b = subparsers.add_parser(
+        "build", help="build an engine directory for one backend",
+        description="Build an engine directory that `g4rt generate --engine DIR` runs. Backends: onnxruntime "
+                    "(CPU; the export plus ORT's offline-optimised graph), inductor (CUDA GPU; torch.compile of the "
+                    "step over the same Triton kernels, decode replayed as CUDA graphs; compiles at load, cache in "
+                    "the directory), tensorrt (needs TensorRT >= 10.9 with tensorrt.plugin; untested here, where "
+                    "TensorRT cannot be installed). Each directory has a manifest.json the runtime checks on load.")
     _common(b)
     b.add_argument("--backend", choices=list(BACKENDS), required=True)
     b.add_argument("--quiet", action="store_true", help="no progress bar")

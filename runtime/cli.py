@@ -144,7 +144,8 @@ def cmd_plan(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="g4rt", description="Gemma 4 text inference: generate, plan capacity.")
+    parser = argparse.ArgumentParser(prog="g4rt", description="g4rt: Gemma 4 text inference. generate tokens, plan KV capacity, export the step graph and "
+                                     "build engines. `g4rt COMMAND --help` explains each.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate tokens from one or more prompts",
