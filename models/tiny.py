@@ -9,7 +9,7 @@ fixed embedded text, so the output is gibberish but deterministic and text promp
 
 `ensure_tiny()` builds it once into `$G4RT_HOME/tiny` (default `~/.cache/g4rt/tiny`). It is safe
 against concurrent callers: the files are written into a temporary sibling directory that is renamed
-into place, and a directory whose config differs from tiny.json (an older build) is rebuilt.
+into place, and a directory whose config or init stamp differs (an older build) is rebuilt.
 """
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ from .config import CONFIG_DIR, load_config
 
 TINY_CONFIG = CONFIG_DIR / "tiny.json"
 SEED = 1234
+# Bump when checkpoint._random_tensor's init rules change: a cached tiny model built under other
+# rules has the same config but other weights, and would silently generate other tokens.
+INIT_VERSION = 2
+STAMP = "g4rt-tiny.json"
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0, 1, 2, 3 = pad, eos, bos as in Gemma
 
 # Training text for the tokenizer: any fixed text works; this one is plain English prose and code.
@@ -65,10 +69,15 @@ def build_tokenizer(vocab_size: int):
     return tok
 
 
+def _stamp() -> dict:
+    return {"seed": SEED, "init_version": INIT_VERSION}
+
+
 def _is_complete(d: Path, expected_config: dict) -> bool:
     try:
         ok = all((d / f).is_file() for f in ("model.safetensors", "tokenizer.json"))
-        return ok and json.loads((d / "config.json").read_text()) == expected_config
+        return (ok and json.loads((d / "config.json").read_text()) == expected_config
+                and json.loads((d / STAMP).read_text()) == _stamp())
     except (OSError, json.JSONDecodeError):
         return False
 
@@ -86,6 +95,7 @@ def ensure_tiny(dir: str | Path | None = None) -> Path:
     try:
         write_random_checkpoint(cfg, tmp, seed=SEED, dtype=cfg.dtype)
         build_tokenizer(cfg.vocab_size).save(str(tmp / "tokenizer.json"))
+        (tmp / STAMP).write_text(json.dumps(_stamp()) + "\n")
         if target.exists():
             if _is_complete(target, expected):  # another process finished first
                 return target
