@@ -18,7 +18,7 @@ import torch
 pytest.importorskip("onnxruntime")
 pytest.importorskip("g4rt.models.paged", reason="models/paged.py (PagedStep) not available yet")
 
-from conftest import tiny_config  # noqa: E402
+from conftest import hf_generate, load_hf, tiny_config  # noqa: E402
 
 from g4rt.export import manifest as mf  # noqa: E402
 from g4rt.export.build import build, geometry_for, load_engine  # noqa: E402
@@ -70,6 +70,10 @@ def test_ort_engine_matches_eager(built):
             worst = max(worst, (la - lb).abs().max().item())
     print(f"{variant}: ORT vs eager max |logit diff| = {worst:.2e}")
     assert worst < 2e-3  # fp32 summation-order noise is ~5e-4 on logits of magnitude ~10
+    # And the peer: HF transformers on the same files, each prompt on its own, greedy.
+    hf = load_hf(ckpt, torch.float32)
+    for prompt, b in zip(PROMPTS, got):
+        assert hf_generate(hf, prompt, NEW_TOKENS)[2] == b.token_ids, f"{variant}: ORT tokens differ from HF"
 
 
 def test_export_graph_contract(built):
