@@ -105,7 +105,7 @@ def cmd_generate(args) -> int:
     t0 = time.perf_counter()
     try:
         outs = llm.generate(prompts, params)
-    except RequestTooLarge as e:
+    except (RequestTooLarge, ValueError) as e:
         raise SystemExit(f"generate: {e}")
     wall = time.perf_counter() - t0
     n_tokens = sum(len(o.token_ids) for o in outs)

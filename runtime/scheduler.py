@@ -38,7 +38,7 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 512
     chunk: int = 256
     max_num_seqs: int = 64
-    max_model_len: int | None = None  # None: no limit beyond the pool
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
 
     def __post_init__(self):
         for name in ("max_num_batched_tokens", "chunk", "max_num_seqs"):
@@ -106,9 +106,14 @@ class Scheduler:
         prompt = [int(t) for t in prompt]
         if not prompt:
             raise ValueError("prompt must hold at least one token id")
+        model_cfg = self.geometry.layout.config
+        bad = [t for t in prompt if not 0 <= t < model_cfg.vocab_size]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {model_cfg.vocab_size})")
         total = len(prompt) + params.max_new_tokens
-        limit = self.config.max_model_len
-        if limit is not None and total > limit:
+        # Positions past max_position_embeddings are beyond what the model was trained for.
+        limit = self.config.max_model_len or model_cfg.max_position_embeddings
+        if total > limit:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) = {total} "
                              f"exceeds max_model_len {limit}")
         check_fits(self._promise(len(prompt), params), self.pool.num_frames, len(prompt),

@@ -130,6 +130,8 @@ def test_generate_bad_input_names_the_flag(capsys, model_dir):
         main(["generate", "--model", str(model_dir), "--token-ids", "2", "--top-p", "0", "--reference"])
     with pytest.raises(SystemExit, match="--model"):
         main(["generate", "--model", str(model_dir / "missing"), "--token-ids", "2"])
+    with pytest.raises(SystemExit, match="token id 4096 is outside the vocabulary .0, 128."):
+        main(["generate", "--model", str(model_dir), "--token-ids", "2,4096"])
 
 
 def test_sampler_is_reproducible_regardless_of_interleaving():
