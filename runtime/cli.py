@@ -54,7 +54,15 @@ def _tokenizer(model_dir: Path):
     return Tokenizer.from_file(str(path))
 
 
-def cmd_generate(args) -> int:
+def _source(args, cmd: str) -> Path:
+    if (args.model is None) == (args.engine is None):
+        raise SystemExit(f"{cmd}: give exactly one of --model (eager engine) and --engine (a built engine dir)")
+    return Path(args.engine) if args.engine else _model_dir(args.model)
+
+
+def _open_llm(args, cmd: str, source: Path, frames_for):
+    """The LLM that `generate` and `serve` run: a built engine (--engine) or the eager paged engine
+    (or, with --reference, the linear cache) on --model. `frames_for(geometry)` sizes the arena."""
     import torch
 
     from g4rt.models.checkpoint import load_model
@@ -62,9 +70,31 @@ def cmd_generate(args) -> int:
     from .llm import LLM
     from .scheduler import SchedulerConfig
 
-    if (args.model is None) == (args.engine is None):
-        raise SystemExit("generate: give exactly one of --model (eager engine) and --engine (a built engine dir)")
-    source = Path(args.engine) if args.engine else _model_dir(args.model)
+    try:
+        config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
+    except ValueError as e:
+        raise SystemExit(f"{cmd}: {e}")
+    if args.engine:
+        from g4rt.export.build import load_engine
+        from g4rt.export.manifest import ManifestError, manifest_geometry, read_manifest
+        try:
+            frames = frames_for(manifest_geometry(read_manifest(args.engine)))
+            engine = load_engine(args.engine, frames)
+        except (ManifestError, OSError, RuntimeError) as e:
+            raise SystemExit(f"{cmd}: --engine: {e}")
+        return LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids), \
+            f"{read_manifest(args.engine)['backend']} engine"
+    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
+    model = load_model(source, dtype=dtype, device=args.device)
+    frames = frames_for(LLM.geometry_for(model, args.page_tokens))
+    kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
+    if getattr(args, "reference", False):
+        return LLM.reference(model, **kw), "linear reference"
+    return LLM.paged(model, **kw), "eager paged"
+
+
+def cmd_generate(args) -> int:
+    source = _source(args, "generate")
     tok = _tokenizer(source)
     prompts = list(args.token_ids or [])
     for text in args.prompt or []:
@@ -77,7 +107,6 @@ def cmd_generate(args) -> int:
         params = [SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                                  top_p=args.top_p, seed=None if args.seed is None else args.seed + i)
                   for i in range(len(prompts))]
-        config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
     except ValueError as e:
         raise SystemExit(f"generate: {e}")
 
@@ -85,23 +114,8 @@ def cmd_generate(args) -> int:
         return args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, args.chunk).frames
                                       for p in prompts)
 
-    if args.engine:
-        from g4rt.export.build import load_engine
-        from g4rt.export.manifest import ManifestError, manifest_geometry, read_manifest
-        try:
-            frames = frames_for(manifest_geometry(read_manifest(args.engine)))
-            engine = load_engine(args.engine, frames)
-        except (ManifestError, OSError, RuntimeError) as e:
-            raise SystemExit(f"generate: --engine: {e}")
-        llm = LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids)
-        engine_name = f"{read_manifest(args.engine)['backend']} engine"
-    else:
-        dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-        model = load_model(source, dtype=dtype, device=args.device)
-        frames = frames_for(LLM.geometry_for(model, args.page_tokens))
-        kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
-        llm = LLM.reference(model, **kw) if args.reference else LLM.paged(model, **kw)
-        engine_name = "linear reference" if args.reference else "eager paged"
+    llm, engine_name = _open_llm(args, "generate", source, frames_for)
+    frames = llm.pool.num_frames
     t0 = time.perf_counter()
     try:
         outs = llm.generate(prompts, params)
@@ -125,6 +139,30 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from .arena import frames_in_budget
+    from .server import Service, make_server
+
+    source = _source(args, "serve")
+    llm, engine_name = _open_llm(
+        args, "serve", source,
+        lambda geometry: args.num_frames or max(1, frames_in_budget(int(args.kv_memory_mib * 2**20),
+                                                                    geometry.frame_bytes())))
+    service = Service(llm).start()
+    server = make_server(service, args.host, args.port, _tokenizer(source))
+    host, port = server.server_address[:2]
+    print(f"g4rt serve: {engine_name} on http://{host}:{port} ({llm.pool.num_frames} KV frames); "
+          f"POST /v1/completions, GET /health; Ctrl-C stops", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+        service.close()
+    return 0
+
+
 def cmd_plan(args) -> int:
     names = [args.model] if args.model else list(PUBLISHED)
     memory = None if args.memory_gib is None else int(args.memory_gib * GIB)
@@ -143,6 +181,21 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _engine_args(p: argparse.ArgumentParser) -> None:
+    """Flags shared by `generate` and `serve`: what runs and how the KV pool and steps are sized."""
+    p.add_argument("--model", help="model directory (config.json + safetensors) or 'tiny': the eager engine")
+    p.add_argument("--engine", help="an engine directory from `g4rt build` (its manifest names the backend)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
+                   help="positions per sliding-group page")
+    p.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
+    p.add_argument("--max-batched-tokens", type=_positive("--max-batched-tokens"), default=512,
+                   help="token budget of one step")
+    p.add_argument("--num-frames", type=_positive("--num-frames"), default=None,
+                   help="KV arena frames (generate: default every prompt at once; serve: see --kv-memory-mib)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="g4rt", description="g4rt: Gemma 4 text inference. generate tokens, plan KV capacity, export the step graph and "
                                      "build engines. `g4rt COMMAND --help` explains each.")
@@ -151,8 +204,7 @@ def build_parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="generate tokens from one or more prompts",
                        description="Generate with continuous batching over the paged KV arena "
                                    "(or the linear reference cache with --reference).")
-    g.add_argument("--model", help="model directory (config.json + safetensors) or 'tiny': the eager engine")
-    g.add_argument("--engine", help="an engine directory from `g4rt build` (its manifest names the backend)")
+    _engine_args(g)
     g.add_argument("--token-ids", type=_token_ids, action="append",
                    help="a prompt as comma-separated token ids, e.g. 2,15,7 (repeat for several prompts)")
     g.add_argument("--prompt", action="append", help="a prompt as text (needs tokenizer.json; repeatable)")
@@ -161,18 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
     g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
     g.add_argument("--seed", type=int, default=None, help="sampling seed; prompt i uses seed + i")
-    g.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    g.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
-    g.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
-                   help="positions per sliding-group page")
-    g.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
-    g.add_argument("--max-batched-tokens", type=_positive("--max-batched-tokens"), default=512,
-                   help="token budget of one step")
-    g.add_argument("--num-frames", type=_positive("--num-frames"), default=None,
-                   help="KV arena frames (default: enough for every prompt at once)")
     g.add_argument("--reference", action="store_true", help="use the linear reference cache instead of pages")
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
+
+    v = sub.add_parser("serve", help="serve completions over HTTP (continuous batching, streaming)",
+                       description="A low-latency HTTP service: one engine thread steps the batch while handler "
+                                   "threads wait on their requests. POST /v1/completions {prompt | token_ids, "
+                                   "max_tokens, temperature, top_k, top_p, seed, stop_token_ids, ignore_eos, "
+                                   "stream}; GET /health. Binds 127.0.0.1 unless --host says otherwise.")
+    _engine_args(v)
+    v.add_argument("--host", default="127.0.0.1")
+    v.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    v.add_argument("--kv-memory-mib", type=_positive("--kv-memory-mib", float), default=256.0,
+                   help="KV arena size when --num-frames is not given")
+    v.set_defaults(func=cmd_serve)
 
     p = sub.add_parser("plan", help="KV bytes, page geometry and capacity per model size",
                        description="Per-token KV bytes of each cache group, per-request KV with every position "

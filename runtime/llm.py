@@ -118,15 +118,17 @@ class LLM:
             self.scheduler.commit(step, tokens)
         elif self.scheduler.running:
             raise RuntimeError("scheduler made no progress with requests running (a budget bug)")
-        return self._collect()
+        return self.take_finished()
 
-    def _collect(self) -> list[RequestOutput]:
+    def take_finished(self) -> list[RequestOutput]:
+        """Outputs of requests that ended and were not yet handed out (each is handed out once)."""
         out = []
         for rid, seq in list(self._pending.items()):
             if seq.finished:
                 del self._pending[rid]
                 self.engine.release(rid)
                 self._samplers.pop(rid)
+                self.scheduler.forget(rid)
                 out.append(RequestOutput(
                     rid, list(seq.prompt), seq.output, seq.finish_reason, seq.error,
                     None if seq.first_token_time is None else seq.first_token_time - seq.arrival,
@@ -144,5 +146,5 @@ class LLM:
             while self.has_unfinished():
                 for o in self.step():
                     done[o.request_id] = o
-        done.update({o.request_id: o for o in self._collect()})
+        done.update({o.request_id: o for o in self.take_finished()})
         return [done[i] for i in ids]

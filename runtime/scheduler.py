@@ -131,7 +131,16 @@ class Scheduler:
         return bool(self.waiting or self.running)
 
     def cancel(self, seq_id: int) -> None:
-        self.finish(self.seqs[seq_id], "cancelled")
+        """End a request; a no-op for one already finished and forgotten."""
+        if seq_id in self.seqs:
+            self.finish(self.seqs[seq_id], "cancelled")
+
+    def forget(self, seq_id: int) -> None:
+        """Drop a finished request's state once its output was handed out (a long-running service
+        would otherwise keep every request it ever served)."""
+        seq = self.seqs.pop(seq_id)
+        if not seq.finished:
+            raise ValueError(f"request {seq_id} is still running")
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End a request for any reason; its pages and promise go back to the pool at once."""
