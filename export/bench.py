@@ -144,6 +144,7 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode; 'none' captures eager steps")
+    ap.add_argument("--compile-scope", default="layers", choices=["layers", "step"])
     ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--runtime-checks", action="store_true", help="also run runtime/bench.py's equality check")
@@ -167,7 +168,7 @@ def main(argv=None) -> int:
     mode = None if a.compile_mode == "none" else a.compile_mode
     engines = {
         "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),
-        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode), frames, cfg,
+        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope), frames, cfg,
                                 eos_ids=model.config.eos_token_ids),
     }
     engines = {k: v for k, v in engines.items() if k in a.engines.split(",")}
