@@ -135,7 +135,7 @@ def test_random_workloads_never_double_lease_and_return_everything(reqs, extra, 
         except RuntimeError as e:
             assert "injected" in str(e)
             engine.fail_on.clear()
-            finished = llm._collect()
+            finished = llm.take_finished()
         for o in finished:
             outs[o.request_id] = o
         assert_pool_consistent(llm.scheduler, llm.pool)
