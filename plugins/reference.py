@@ -18,11 +18,12 @@ def window_left(window: int | None) -> int:
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
-           window_left: int, scale: float = 1.0) -> torch.Tensor:
+           window_left: int, scale: float = 1.0, probs_dtype: torch.dtype | None = None) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D], positions int [Tq] / [Tk] -> [Tq, Hq, D] in q's dtype.
 
     Causal (k_pos <= q_pos) and, when window_left >= 0, k_pos >= q_pos - window_left. Scores,
-    softmax and the weighted sum are fp32. A query that sees no key returns zeros.
+    softmax and the weighted sum are fp32 (`probs_dtype` rounds the probabilities first, as the
+    Triton kernel does; only diagnostics use it). A query that sees no key returns zeros.
     """
     if window_left >= 0 and k_pos.numel():
         # Drop keys no query can see before the matmul. CPU matmuls round differently for different
@@ -41,6 +42,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     scores = torch.matmul(qf, kf.transpose(1, 2)) * scale
     scores = scores.masked_fill(~allowed, float("-inf"))
     probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # rows with no key: all -inf -> nan -> 0
+    if probs_dtype is not None:  # mimic a flash kernel, which feeds P to the P.V product in bf16
+        probs = probs.to(probs_dtype).float()
     out = torch.matmul(probs, vf)  # [Hq, Tq, D]
     return out.transpose(0, 1).to(q.dtype)
 
