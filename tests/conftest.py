@@ -7,6 +7,7 @@ and router scales perturbed away from their defaults so that a wrong formula sho
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from g4rt.models.config import FULL, SLIDING, Gemma4Config
@@ -111,3 +112,22 @@ def hf_generate(hf, prompt: list[int], steps: int, forced: list[int] | None = No
         cache, last = out.cache, out.logits[0, -1]
         decode.append(last.float())
     return prefill, torch.stack(decode), tokens
+
+
+# ---- measured numbers --------------------------------------------------------------------------
+# Tests that measure something (differences against HF, ORT, the compiled engine, export memory)
+# record it with the `report` fixture; pytest prints every line in a "measured" section at the end
+# of `make test`, so the numbers quoted in notes come from a committed command.
+_MEASURED: list[str] = []
+
+
+@pytest.fixture
+def report():
+    return _MEASURED.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _MEASURED:
+        terminalreporter.section("measured")
+        for line in _MEASURED:
+            terminalreporter.write_line(line)

@@ -52,7 +52,7 @@ def _generate(llm):
     return llm.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS))
 
 
-def test_ort_engine_matches_eager(built):
+def test_ort_engine_matches_eager(built, report):
     variant, ckpt, engine_dir = built
     model = load_model(ckpt, dtype=torch.float32)
     geometry = geometry_for(model.config, "float32", PAGE)
@@ -68,7 +68,7 @@ def test_ort_engine_matches_eager(built):
         assert a.token_ids == b.token_ids, f"{variant}: greedy tokens differ"
         for la, lb in zip(a.logits, b.logits):
             worst = max(worst, (la - lb).abs().max().item())
-    print(f"{variant}: ORT vs eager max |logit diff| = {worst:.2e}")
+    report(f"{variant}: ORT vs eager max |logit diff| = {worst:.2e}")
     assert worst < 2e-3  # fp32 summation-order noise is ~5e-4 on logits of magnitude ~10
     # And the peer: HF transformers on the same files, each prompt on its own, greedy.
     hf = load_hf(ckpt, torch.float32)
@@ -138,7 +138,7 @@ _RSS_SCRIPT = textwrap.dedent("""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
-def test_export_keeps_weights_once(tmp_path):
+def test_export_keeps_weights_once(tmp_path, report):
     """~300 MiB of float32 weights, no tensor over 5% of them (each is copied once, briefly, while it is written): the peak of anonymous RSS over the import baseline (sampled every
     2 ms; ru_maxrss would carry the pytest parent's peak across exec) must stay under 1.6x the
     weights: a second full copy, e.g. initializers serialised in memory, would exceed 2x."""
@@ -151,7 +151,7 @@ def test_export_keeps_weights_once(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     r = json.loads(res.stdout.strip().splitlines()[-1])
     grown = r["peak"] - r["base"]
-    print(f"weights {weight_bytes / 2**20:.0f} MiB, export peak over baseline {grown / 2**20:.0f} MiB "
+    report(f"weights {weight_bytes / 2**20:.0f} MiB, export peak over baseline {grown / 2**20:.0f} MiB "
           f"({grown / weight_bytes:.2f}x)")
     assert weight_bytes > 250 * 2**20
     assert grown < 1.6 * weight_bytes

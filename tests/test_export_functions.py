@@ -68,7 +68,7 @@ def _case(seed, *, hq, hkv, d, page, q_lens, kv_lens, first_pages, frames, dtype
     (512, 2, 2, None, (0, 0, 0)),   # full-layer head dim
 ])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_paged_attention_function_matches_op(d, hq, hkv, window, first_pages, dtype):
+def test_paged_attention_function_matches_op(d, hq, hkv, window, first_pages, dtype, report):
     from g4rt.plugins.reference import window_left
     page = 4
     inputs, (k_off, v_off) = _case(1, hq=hq, hkv=hkv, d=d, page=page, q_lens=(3, 1, 2), kv_lens=(5, 11, 7),
@@ -78,7 +78,7 @@ def test_paged_attention_function_matches_op(d, hq, hkv, window, first_pages, dt
     got = _run_node(schemas.PAGED_ATTENTION, inputs, "out", dict(
         k_offset=k_off, v_offset=v_off, page_size=page, num_kv_heads=hkv, head_dim=d, window_left=wl, scale=1.0))
     err = np.abs(got.astype(np.float32) - want.float().numpy()).max()
-    print(f"paged attention d={d} {dtype} max |diff| = {err:.2e}")
+    report(f"ORT reference function: paged attention d={d} {dtype} max |diff| = {err:.2e}")
     assert got.shape == tuple(want.shape)
     assert err < (3e-5 if dtype == torch.float32 else 3e-3)
 

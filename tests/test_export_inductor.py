@@ -17,7 +17,7 @@ from g4rt.runtime.scheduler import Scheduler, SchedulerConfig
 
 
 @pytest.mark.parametrize("scope", ["layers", "step"])
-def test_compiled_bf16_step_matches_eager(scope):
+def test_compiled_bf16_step_matches_eager(scope, report):
     """A mixed prefill step of a dense k_eq_v model in bf16, compiled by Inductor, against eager torch.
 
     Not bit-equal: fused RMSNorm reductions sum in another order, so some bf16 K/V rows land one
@@ -35,7 +35,7 @@ def test_compiled_bf16_step_matches_eager(scope):
         out = compiled.compiled(*batch.tensors())
     assert out.shape == eager.shape and torch.isfinite(out).all()
     rel = ((out - eager).norm() / eager.norm()).item()
-    print(f"compiled ({scope}) vs eager bf16 logits: relative difference {rel:.2e}")
+    report(f"compiled ({scope}) vs eager bf16 logits: relative difference {rel:.2e}")
     assert rel < 2e-2
     written = eager_arena.tensor != 0
     assert torch.equal(compiled.arena.tensor != 0, written)  # the same slots written, nothing else

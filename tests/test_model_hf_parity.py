@@ -49,7 +49,7 @@ def g4rt_logits(model, prompt: list[int], fed: list[int]) -> tuple[torch.Tensor,
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_fp32_logits_match_hf(variant, tmp_path):
+def test_fp32_logits_match_hf(variant, tmp_path, report):
     cfg = variant_config(variant, "float32")
     path = write_hf_checkpoint(cfg, tmp_path, torch.float32, seed=1)
     hf, ours = load_hf(path, torch.float32), load_model(path, dtype=torch.float32)
@@ -59,14 +59,14 @@ def test_fp32_logits_match_hf(variant, tmp_path):
     scale = max(hf_pre.abs().max().item(), hf_dec.abs().max().item())
     d_pre = (pre - hf_pre).abs().max().item() / scale
     d_dec = (dec - hf_dec).abs().max().item() / scale
-    print(f"{variant} fp32: max |logit diff| / max |logit|: prefill {d_pre:.2e}, decode ({STEPS} steps) {d_dec:.2e}")
+    report(f"HF parity {variant} fp32: max |logit diff| / max |logit|: prefill {d_pre:.2e}, decode ({STEPS} steps) {d_dec:.2e}")
     assert d_pre <= 1e-4 and d_dec <= 1e-4
     # Not vacuous: the logits vary across positions and vocab.
     assert hf_dec.std(dim=-1).min() > 0.5
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_bf16_greedy_tokens_match_hf(variant, tmp_path):
+def test_bf16_greedy_tokens_match_hf(variant, tmp_path, report):
     cfg = variant_config(variant, "bfloat16")
     path = write_hf_checkpoint(cfg, tmp_path, torch.bfloat16, seed=2)
     hf, ours = load_hf(path, torch.bfloat16), load_model(path, dtype=torch.bfloat16)
@@ -76,7 +76,7 @@ def test_bf16_greedy_tokens_match_hf(variant, tmp_path):
     hf_tokens = hf_fed + [int(hf_dec[-1].argmax())]  # fed[0] is the prefill's choice
     tokens, logits = generate_linear(ours, prompt, STEPS + 1, return_logits=True)
     diff = (logits[1:] - hf_dec).abs().max().item()
-    print(f"{variant} bf16: {STEPS + 1} greedy tokens, first {tokens[:8]}..., max |logit diff| {diff:.3g}")
+    report(f"HF parity {variant} bf16: {STEPS + 1} greedy tokens, first {tokens[:8]}..., max |logit diff| {diff:.3g}")
     assert tokens == hf_tokens
     assert len(set(tokens)) > 1  # a degenerate model that repeats one token would prove little
 

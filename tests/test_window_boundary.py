@@ -37,7 +37,7 @@ def with_window(model: Gemma4Model, window: int) -> Gemma4Model:
 
 
 @pytest.mark.parametrize("variant", ["31b", "e2b"])
-def test_window_is_exactly_w(variant, tmp_path):
+def test_window_is_exactly_w(variant, tmp_path, report):
     cfg = tiny_config(variant, sliding_window=W)
     path = write_hf_checkpoint(cfg, tmp_path, torch.float32, seed=3)
     hf, ours = load_hf(path, torch.float32), load_model(path, dtype=torch.float32)
@@ -49,7 +49,7 @@ def test_window_is_exactly_w(variant, tmp_path):
 
     diff = {w: (run(m, prompt, fed) - ref).abs().max().item() / scale
             for w, m in [(W, ours), (W - 1, with_window(ours, W - 1)), (W + 1, with_window(ours, W + 1))]}
-    print(f"{variant}: max relative logit diff vs HF for window W-1, W, W+1: "
+    report(f"window {variant}: max relative logit diff vs HF for window W-1, W, W+1: "
           f"{diff[W - 1]:.2e}, {diff[W]:.2e}, {diff[W + 1]:.2e}")
     assert diff[W] <= 1e-4
     assert diff[W - 1] > 1e-2 and diff[W + 1] > 1e-2
