@@ -18,8 +18,8 @@ the KV bytes are negligible next to 61 GB of weights.
 from __future__ import annotations
 
 import argparse
+import functools
 import gc
-import json
 import statistics
 import time
 import traceback
@@ -29,45 +29,14 @@ import torch
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
+from g4rt.plugins.bench import copy_bandwidth
 from g4rt.runtime.admission import promise_for
+from g4rt.runtime.bench import log_json, sync
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from .inductor import InductorEngine
-
-
-class Log:
-    def __init__(self, out: Path):
-        self.path = out / "export_bench.jsonl"
-
-    def __call__(self, record: dict) -> dict:
-        print(json.dumps(record), flush=True)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
-        return record
-
-
-def _sync() -> None:
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def copy_bandwidth(nbytes: int = 2 << 30, reps: int = 20) -> float:
-    """Device-to-device copy, bytes read + written per second (median of `reps`)."""
-    src = torch.randn(nbytes // 4, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    times = []
-    for _ in range(reps + 3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        dst.copy_(src)
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e-3)
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * (nbytes // 2) / statistics.median(times[3:])
 
 
 def weight_bytes_per_step(model) -> int:
@@ -85,7 +54,7 @@ def run_llm(make_llm, prompts, new_tokens: int) -> dict:
     llm = make_llm()
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
     llm.generate(prompts, params)  # warm-up: compile and capture every graph the timed run will replay
-    _sync()
+    sync()
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
@@ -121,10 +90,10 @@ def hf_decode(hf, prompts, new_tokens: int) -> dict:
     ids = torch.tensor(prompts, device=hf.device)
 
     def gen(n):
-        _sync()
+        sync()
         t = time.perf_counter()
         out = hf.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
-        _sync()
+        sync()
         return out, time.perf_counter() - t
 
     gen(2)  # warm-up
@@ -153,7 +122,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     a.out.mkdir(parents=True, exist_ok=True)
-    log = Log(a.out)
+    log = functools.partial(log_json, a.out, name="export_bench.jsonl")
     bw = copy_bandwidth()
     t0 = time.perf_counter()
     model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed)

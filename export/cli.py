@@ -1,4 +1,4 @@
-"""`g4rt export` and `g4rt build`, plus `load_engine` for `g4rt generate --engine DIR`.
+"""`g4rt export` and `g4rt build` (`g4rt generate --engine DIR` opens engines through build.load_engine).
 
 runtime/cli.py calls `add_subcommands(subparsers)`; each subcommand sets `func(args) -> int`.
 """
@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from .build import DTYPES, BuildError, build, export_onnx, load_engine  # noqa: F401  (load_engine: runtime API)
+from .build import DTYPES, BuildError, build, export_onnx
 from .manifest import BACKENDS, ManifestError
 
 

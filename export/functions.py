@@ -12,7 +12,7 @@ the small shapes of CPU tests and reference runs, not for long contexts.
 from __future__ import annotations
 
 import onnx
-from onnxscript import FLOAT, INT64, script
+from onnxscript import script
 from onnxscript import opset18 as op
 from onnxscript.values import Opset
 

@@ -40,8 +40,20 @@ def _plugin_attrs() -> list[OpSchema.Attribute]:
     ]
 
 
+_TYPES = [("T", _FLOATS, "model dtype"), ("I", ["tensor(int32)"], "metadata")]
+
+
 def _param(name: str, type_str: str, doc: str = "") -> OpSchema.FormalParameter:
     return OpSchema.FormalParameter(name, type_str, doc)
+
+
+def _page_attrs() -> list[OpSchema.Attribute]:
+    """Where a layer's K/V blocks sit in a frame: both ops address the arena the same way."""
+    return [
+        _attr("k_offset", _INT, "element offset of the layer's K block inside a frame"),
+        _attr("v_offset", _INT, "element offset of the layer's V block inside a frame"),
+        _attr("page_size", _INT, "positions per page of this layer's group"),
+    ]
 
 
 def paged_attention_schema() -> OpSchema:
@@ -57,11 +69,9 @@ def paged_attention_schema() -> OpSchema:
             _param("first_page", "I", "[B] first resident logical page"),
         ],
         outputs=[_param("out", "T", "[T, num_q_heads, head_dim]")],
-        type_constraints=[("T", _FLOATS, "model dtype"), ("I", ["tensor(int32)"], "metadata")],
+        type_constraints=_TYPES,
         attributes=[
-            _attr("k_offset", _INT, "element offset of the layer's K block inside a frame"),
-            _attr("v_offset", _INT, "element offset of the layer's V block inside a frame"),
-            _attr("page_size", _INT, "positions per page of this layer's group"),
+            *_page_attrs(),
             _attr("num_kv_heads", _INT, "KV heads of this layer"),
             _attr("head_dim", _INT, "head dim (256 sliding / 512 full on Gemma 4)"),
             _attr("window_left", _INT, "inclusive left distance (W-1); -1 = no window"),
@@ -82,11 +92,9 @@ def kv_write_schema() -> OpSchema:
             _param("slots", "I", "[T] frame * page_size + offset; -1 writes nothing"),
         ],
         outputs=[_param("arena_out", "T", "the updated arena (TensorRT aliases it to `arena`)")],
-        type_constraints=[("T", _FLOATS, "model dtype"), ("I", ["tensor(int32)"], "metadata")],
+        type_constraints=_TYPES,
         attributes=[
-            _attr("k_offset", _INT, "element offset of the layer's K block inside a frame"),
-            _attr("v_offset", _INT, "element offset of the layer's V block inside a frame"),
-            _attr("page_size", _INT, "positions per page of this layer's group"),
+            *_page_attrs(),
             *_plugin_attrs(),
         ],
     )

@@ -198,13 +198,20 @@ def contiguous_kv(case, n):
     return out
 
 
-def ceilings(quick):
-    n = (1 << 30) if quick else (2 << 30)
+def copy_bandwidth(n: int = 2 << 30) -> float:
+    """Device-to-device copy of n bytes: bytes read + written per second, the bandwidth roofline
+    every GPU measurement here is compared with (median, eager do_bench: exact for big ops)."""
     src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
-    t = time_ms_eager(lambda: dst.copy_(src))  # big ops: eager do_bench is exact and graph-free
-    bw = 2 * n / (t * 1e-3)  # bytes read + written per second
+    t = time_ms_eager(lambda: dst.copy_(src))
     del src, dst
+    torch.cuda.empty_cache()
+    return 2 * n / (t * 1e-3)
+
+
+def ceilings(quick):
+    n = (1 << 30) if quick else (2 << 30)
+    bw = copy_bandwidth(n)
     a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     bm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
     tm = time_ms_eager(lambda: a @ bm)

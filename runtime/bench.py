@@ -30,15 +30,18 @@ from .sampling import SamplingParams
 from .scheduler import SchedulerConfig
 
 
-def _sync() -> None:
+def sync() -> None:
+    """Wait for the GPU, so wall-clock times cover the work (a no-op on CPU)."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
 
 
-def _log(out: Path, record: dict) -> None:
+def log_json(out: Path, record: dict, name: str = "runtime_bench.jsonl") -> dict:
+    """Print one result and append it to DIR/name as it happens: a run cut short keeps what it did."""
     print(json.dumps(record), flush=True)
-    with open(out / "runtime_bench.jsonl", "a") as f:
+    with open(out / name, "a") as f:
         f.write(json.dumps(record) + "\n")
+    return record
 
 
 def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: int) -> dict:
@@ -54,19 +57,19 @@ def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: 
     seq = llm.scheduler.waiting[0]
     peak = {"sliding": 0, "full": 0}
     step_times, done = [], []
-    _sync()
+    sync()
     t0 = time.perf_counter()
     with torch.inference_mode():
         while llm.has_unfinished():
             ts = time.perf_counter()
             done += llm.step()
-            _sync()
+            sync()
             step_times.append(time.perf_counter() - ts)
             if seq.pages is not None and not seq.pages.released:
                 peak["sliding"] = max(peak["sliding"], seq.pages.peak_sliding)
                 peak["full"] = max(peak["full"], len(seq.pages.full.frames))
             if len(step_times) % 8 == 0:
-                _log(out, {"check": "long.progress", "steps": len(step_times), "computed": seq.computed,
+                log_json(out, {"check": "long.progress", "steps": len(step_times), "computed": seq.computed,
                            "elapsed_s": round(time.perf_counter() - t0, 1)})
     total = time.perf_counter() - t0
     (res,) = [o for o in done if o.request_id == rid]
@@ -86,7 +89,7 @@ def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: 
         "total_s": round(total, 2), "arena_frames": promise.frames,
         "all_frames_returned": llm.pool.num_free == llm.pool.num_frames and llm.pool.reserved == 0,
     }
-    _log(out, record)
+    log_json(out, record)
     llm.engine.arena.close()
     return record
 
@@ -117,7 +120,7 @@ def paged_vs_linear(model, out: Path, prompt_lens: list[int], new_tokens: int, c
     record = {"check": "equal", "prompt_lens": prompt_lens, "first_logits_rel_err": rel, "new_tokens": new_tokens, "chunk": chunk,
               "identical": same, "first_difference_at": first_diff, "paged_s": runs["paged_s"],
               "linear_s": runs["linear_s"], "tokens_paged": runs["paged"], "tokens_linear": runs["linear"]}
-    _log(out, record)
+    log_json(out, record)
     return record
 
 
@@ -152,7 +155,7 @@ def rounding_sensitivity(out: Path, layer_counts=(6, 20, 60), seed: int = 0) -> 
             finally:
                 linear_cache.attend = reference.attend
         a, b = logits
-        records.append(_log(out, {"check": "rounding_sensitivity", "layers": n,
+        records.append(log_json(out, {"check": "rounding_sensitivity", "layers": n,
                                   "logits_rel_diff": round(((a - b).norm() / a.norm()).item(), 4),
                                   "argmax_equal": a.argmax().item() == b.argmax().item()}))
     return records
@@ -187,7 +190,7 @@ def main(argv=None) -> int:
         cfg = dataclasses.replace(cfg, num_hidden_layers=a.layers, layer_types=cfg.layer_types[:a.layers],
                                   num_kv_shared_layers=0)
     model = random_model(cfg, dtype=torch.bfloat16, device=a.device, seed=a.seed)
-    _log(a.out, {"check": "build", "config": a.config, "seconds": round(time.perf_counter() - t0, 1),
+    log_json(a.out, {"check": "build", "config": a.config, "seconds": round(time.perf_counter() - t0, 1),
                  "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__})
     ok = True
     if not a.skip_equal:

@@ -109,12 +109,13 @@ class LLM:
                 for seq in step.seqs:
                     self.engine.release(seq.seq_id)
                 raise
-            rows = logits.float().cpu() if logits.device.type != "cpu" else logits
+            greedy = logits.argmax(dim=-1).tolist()  # one device sync for every greedy row of the step
             tokens = []
             for i, seq in enumerate(step.sampled):
-                tokens.append(self._samplers[seq.seq_id](logits[i]))
+                sampler = self._samplers[seq.seq_id]
+                tokens.append(greedy[i] if sampler.params.greedy else sampler(logits[i]))
                 if self.record_logits:
-                    self._logits[seq.seq_id].append(rows[i].clone())
+                    self._logits[seq.seq_id].append(logits[i].float().cpu().clone())
             self.scheduler.commit(step, tokens)
         elif self.scheduler.running:
             raise RuntimeError("scheduler made no progress with requests running (a budget bug)")
