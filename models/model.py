@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..plugins import ops, reference
 from .config import Gemma4Config
 from .layout import KVLayout, LayerKV
 
@@ -36,12 +37,20 @@ from .layout import KVLayout, LayerKV
 AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]], torch.Tensor]
 
 
-def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
-    return F.gelu(x, approximate="tanh")
+# The two elementwise blocks. Where the plugins run Triton (CUDA, or G4RT_KERNELS=triton) each is one
+# kernel behind an opaque custom op, which the eager and the compiled engine both call, so they compute
+# the same bits (plugins/triton_norm.py says why that needs kernels). Elsewhere, torch.export on CPU
+# included, the plain torch reference runs.
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up: the gated activation of the MLP, the experts and the PLE gate."""
+    if ops.use_triton(gate):
+        return torch.ops.g4rt.gelu_tanh_mul(gate, up)
+    return reference.gelu_tanh_mul(gate, up)
 
 
 class RMSNorm(nn.Module):
-    """Gemma 4 RMSNorm: fp32 math, multiply by the plain `weight` (not 1 + weight), cast back.
+    """Gemma 4 RMSNorm (`plugins.reference.rms_norm`): fp32 math, times the plain `weight`, cast back.
     `with_scale=False` (v_norm, router.norm) has no weight at all."""
 
     def __init__(self, dim: int, eps: float, with_scale: bool = True, dtype=None, device=None):
@@ -50,12 +59,9 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device)) if with_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        # torch.pow(..., -0.5) rather than rsqrt, as HF does, so the fp32 results agree bit for bit.
-        y = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            y = y * self.weight.float()
-        return y.type_as(x)
+        if ops.use_triton(x):
+            return torch.ops.g4rt.rms_norm(x, self.weight, self.eps)
+        return reference.rms_norm(x, self.weight, self.eps)
 
 
 def _linear(n_in: int, n_out: int, dtype, device) -> nn.Linear:
@@ -128,7 +134,7 @@ class MLP(nn.Module):
         self.down_proj = _linear(inter, hidden, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(gelu_tanh_mul(self.gate_proj(x), self.up_proj(x)))
 
 
 class Router(nn.Module):
@@ -174,7 +180,7 @@ class Experts(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(gelu_tanh(gate) * up, self.down_proj[e])
+        return F.linear(gelu_tanh_mul(gate, up), self.down_proj[e])
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
@@ -231,7 +237,7 @@ class DecoderLayer(nn.Module):
         h = h + self.post_feedforward_layernorm(m)
 
         if self.has_ple:
-            g = gelu_tanh(self.per_layer_input_gate(h)) * ple
+            g = gelu_tanh_mul(self.per_layer_input_gate(h), ple)
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return h * self.layer_scalar
 

@@ -4,6 +4,12 @@
                                    k_offset, v_offset, page_size, num_kv_heads, window_left, scale) -> out
     torch.ops.g4rt.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size) -> None   (mutates arena)
     torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size) -> arena'  (functional)
+    torch.ops.g4rt.rms_norm(x, weight | None, eps) -> y
+    torch.ops.g4rt.gelu_tanh_mul(gate, up) -> y
+
+The last two are not plugins of the exported graph (the model runs their reference on CPU, where
+export traces it, and TensorRT fuses norms itself). On CUDA they keep the eager and the compiled
+engine on the same bits: see triton_norm.py.
 
 Why `torch.library.custom_op` with a dispatcher and not `triton_op`: a triton_op is decomposed
 into its body by AOTDispatcher, so its body must be traceable on every device, and the CPU body
@@ -29,9 +35,10 @@ from . import reference
 try:  # triton is an optional extra; the reference covers CPU without it
     from . import triton_attention as _tattn
     from . import triton_kv_write as _tkv
+    from . import triton_norm as _tnorm
     HAVE_TRITON = True
 except ImportError:  # pragma: no cover - exercised only on machines without triton
-    _tattn = _tkv = None
+    _tattn = _tkv = _tnorm = None
     HAVE_TRITON = False
 
 
@@ -91,6 +98,30 @@ def _kv_write_op(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: t
 @_kv_write_op.register_fake
 def _(arena, k, v, slots, k_offset, v_offset, page_size):
     return torch.empty_like(arena)
+
+
+@torch.library.custom_op("g4rt::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    if use_triton(x):
+        return _tnorm.rms_norm(x, weight, eps)
+    return reference.rms_norm(x, weight, eps)
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("g4rt::gelu_tanh_mul", mutates_args=())
+def _gelu_tanh_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    if use_triton(gate):
+        return _tnorm.gelu_tanh_mul(gate, up)
+    return reference.gelu_tanh_mul(gate, up)
+
+
+@_gelu_tanh_mul_op.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
 
 
 # ---- plain Python API: the ops above, with keyword names ------------------------------------

@@ -1,14 +1,16 @@
-"""Torch reference of the attention math: the oracle every kernel and cache backend is compared with.
+"""Torch reference of the plugin math: the oracle every kernel and cache backend is compared with.
 
 `attend` is the single definition of Gemma 4's attention over one sequence's keys. The model's
 linear cache and the paged reference op both call it, so paged and linear runs are byte-equal when
-they hold the same keys.
+they hold the same keys. `rms_norm` and `gelu_tanh_mul` are the decoder's elementwise blocks, written
+as HF writes them; the model runs them on CPU and their Triton kernels stand in on CUDA.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 def window_left(window: int | None) -> int:
@@ -46,6 +48,22 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
         probs = probs.to(probs_dtype).float()
     out = torch.matmul(probs, vf)  # [Hq, Tq, D]
     return out.transpose(0, 1).to(q.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma 4 RMSNorm over the last dim: fp32 math, times the plain `weight` (not 1 + weight; None
+    for v_norm and the router's norm), cast back to x's dtype."""
+    x32 = x.float()
+    # torch.pow(..., -0.5) rather than rsqrt, as HF does, so the fp32 results agree bit for bit.
+    y = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        y = y * weight.float()
+    return y.type_as(x)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The gated activation of every Gemma 4 MLP, expert and PLE gate: gelu_tanh(gate) * up."""
+    return F.gelu(gate, approximate="tanh") * up
 
 
 # ---------------------------------------------------------------------------------------------

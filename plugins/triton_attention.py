@@ -181,7 +181,10 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.de
     """How many key runs each (sequence, KV head) of a decode step is cut into, from shapes only.
 
     Enough programs for about two waves over the SMs, but no split shorter than 256 keys (below
-    that the combine and the per-program overhead cost more than the parallelism gains)."""
+    that the combine and the per-program overhead cost more than the parallelism gains).
+    The caller passes the batch and table width rounded up to powers of two: the CUDA-graph engine
+    pads decode batches to those buckets, and the split count sets the order of the softmax sums,
+    so an eager step and a replayed one must pick the same count to compute the same bits."""
     sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
     programs = batch * num_kv_heads
     if programs >= sms:
@@ -223,10 +226,10 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         block_q = max(1, cfg["rows"] // GP)  # padding rows: only query 0 of each sequence exists
         m_blocks = 1
         if num_splits is None:
-            max_keys = page_table.shape[1] * page_size
+            max_keys = _pow2(page_table.shape[1]) * page_size
             if window_left >= 0:
                 max_keys = min(max_keys, window_left + 1)
-            num_splits = decode_splits(B, HKV, max_keys, q.device)
+            num_splits = decode_splits(_pow2(B), HKV, max_keys, q.device)
     else:
         block_q = max(1, cfg["rows"] // GP)
         m_blocks = triton.cdiv(T - B + 1, block_q)

@@ -154,6 +154,22 @@ def test_decode_split_heuristic():
     assert ta.decode_splits(64, 16, 8192, cpu) == 1  # enough programs already
 
 
+def test_decode_padded_to_graph_buckets_gives_the_same_bits():
+    """The CUDA-graph engine pads a decode batch with dummy sequences (to a power-of-two count) and
+    its tables with zero columns (to a power-of-two width); the real rows must not change by a bit,
+    or the compiled engine's greedy tokens drift from eager's."""
+    batch = batch_of([1, 1, 1], [700, 75, 333], 4, 2, 16, 16, dtype=torch.float32, seed=5)
+    q, arena, cu_q, kv_lens, table, first, *rest = batch.args()
+    eager = ta.paged_attention(q, arena, cu_q, kv_lens, table, first, *rest)
+    assert ta.decode_splits(3, 2, table.shape[1] * 16, q.device) != ta.decode_splits(4, 2, 64 * 16, q.device)
+    pad = lambda t, rows, cols=0: torch.nn.functional.pad(t, (0, cols, 0, rows)) if t.dim() == 2 else \
+        torch.nn.functional.pad(t, (0, rows))  # noqa: E731
+    padded = ta.paged_attention(
+        torch.cat([q, torch.zeros_like(q[:1])]), arena, torch.arange(5, dtype=torch.int32),
+        torch.cat([kv_lens, torch.ones_like(kv_lens[:1])]), pad(table, 1, 64 - table.shape[1]), pad(first, 1), *rest)
+    assert torch.equal(padded[:3], eager)
+
+
 # --- KV write ---------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

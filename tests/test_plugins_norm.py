@@ -1,0 +1,77 @@
+"""RMSNorm and gated-GELU kernels (plugins/triton_norm.py) against the torch reference, under the
+Triton interpreter, and the custom ops' dispatch.
+
+The kernels sum in another order than torch, so a bf16 output may differ from the reference by one
+ulp of its own magnitude, never more; fp32 outputs agree to a few fp32 ulps.
+"""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported; `make test` sets it too
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton extra is not installed")
+
+from g4rt.plugins import reference  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # exp -> inf is the intent
+from g4rt.plugins import triton_norm as tn  # noqa: E402
+
+
+def assert_within_ulps(got: torch.Tensor, want: torch.Tensor, ulps: float, atol: float = 0.0):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.isfinite(got).all()
+    spacing = torch.finfo(want.dtype).eps * want.float().abs().clamp_min(torch.finfo(want.dtype).tiny)
+    err = (got.float() - want.float()).abs()
+    assert (err <= ulps * spacing + atol).all(), f"max error {((err - atol) / spacing).max().item():.2f} ulps"
+
+
+@pytest.mark.parametrize("shape", [(1, 5376), (3, 7), (5, 2, 256), (4, 512), (2, 3, 100)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("with_weight", [True, False])
+def test_rms_norm_matches_reference(shape, dtype, with_weight):
+    g = torch.Generator().manual_seed(sum(shape))
+    x = (torch.randn(shape, generator=g) * 3 + 0.5).to(dtype)
+    w = (1 + 0.2 * torch.randn(shape[-1], generator=g)).to(dtype) if with_weight else None
+    got = tn.rms_norm(x, w, 1e-6)
+    want = reference.rms_norm(x, w, 1e-6)
+    assert_within_ulps(got, want, 1.0 if dtype == torch.bfloat16 else 8.0)
+
+
+def test_rms_norm_reads_strided_rows():
+    x = torch.randn(6, 64).to(torch.bfloat16)[::2]  # every other row: not contiguous
+    assert_within_ulps(tn.rms_norm(x, None, 1e-6), reference.rms_norm(x, None, 1e-6), 1.0)
+
+
+@pytest.mark.parametrize("n", [1, 1000, 3 * 1024 + 17])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gelu_tanh_mul_matches_reference(n, dtype):
+    g = torch.Generator().manual_seed(n)
+    gate = (torch.randn(n, generator=g) * 4).to(dtype)
+    gate[:3] = torch.tensor([-30.0, 0.0, 30.0], dtype=dtype)[: min(3, n)]  # tanh's saturated ends
+    up = torch.randn(n, generator=g).to(dtype)
+    got = tn.gelu_tanh_mul(gate, up)
+    want = reference.gelu_tanh_mul(gate, up)
+    # An ulp from each of the two roundings. In the negative tail torch's 1 + tanh(z) cancels to a
+    # few fp32 ulps of 1 (the kernel's x / (1 + exp(-2z)) does not), hence the absolute term.
+    assert_within_ulps(got, want, 2.0 if dtype == torch.bfloat16 else 8.0, atol=1e-6)
+
+
+def test_gelu_tanh_mul_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="gate .* and up .* differ"):
+        tn.gelu_tanh_mul(torch.zeros(4), torch.zeros(5))
+
+
+def test_custom_ops_dispatch_to_the_kernels(monkeypatch):
+    """On CPU the ops run the reference unless G4RT_KERNELS=triton; either way the result agrees."""
+    x = torch.randn(3, 40).to(torch.bfloat16)
+    calls = []
+    monkeypatch.setattr(tn, "rms_norm", lambda *a: calls.append("triton") or reference.rms_norm(*a))
+    torch.ops.g4rt.rms_norm(x, None, 1e-6)
+    assert calls == []
+    monkeypatch.setenv("G4RT_KERNELS", "triton")
+    torch.ops.g4rt.rms_norm(x, None, 1e-6)
+    assert calls == ["triton"]
