@@ -2,7 +2,7 @@
 bandwidth roofline measured in the same run, and Hugging Face transformers on the same weights.
 
     python -m g4rt.export.bench --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
-                                 [--runtime-checks] [--long-context 262144]
+                                 [--runtime-checks] [--long-context 262144] [--profile]
 
 One process builds the model once (random bf16 weights drawn on the GPU) and runs, in order:
 ceilings (copy bandwidth), eager engine, inductor engine (torch.compile + CUDA-graph decode),
@@ -49,19 +49,85 @@ def prompts_for(model, batch: int, prompt_len: int, seed: int) -> list[list[int]
     return [torch.randint(3, model.config.vocab_size, (prompt_len,), generator=g).tolist() for _ in range(batch)]
 
 
-def run_llm(make_llm, prompts, new_tokens: int) -> dict:
+def run_llm(llm, prompts, new_tokens: int) -> dict:
     """Generate greedily; decode tok/s per sequence from first token to finish (median over sequences)."""
-    llm = make_llm()
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    t0 = time.perf_counter()
     llm.generate(prompts, params)  # warm-up: compile and capture every graph the timed run will replay
     sync()
+    warmup = time.perf_counter() - t0
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params)
     wall = time.perf_counter() - t0
     per_seq = [o.decode_tokens_per_s for o in outs]
     return {"tokens": [o.token_ids for o in outs], "decode_tok_s_per_seq": statistics.median(per_seq),
             "decode_tok_s_total": statistics.median(per_seq) * len(prompts),
-            "ttft_s": statistics.median(o.ttft_s for o in outs), "wall_s": round(wall, 2)}
+            "ttft_s": statistics.median(o.ttft_s for o in outs), "wall_s": round(wall, 2), "warmup_s": round(warmup, 1)}
+
+
+def kernel_kinds(prof) -> dict:
+    """GPU kernel time of a profiled step, summed by what the kernel does (cuBLAS names vary by
+    version: anything that is not ours or Inductor's and reads like a GEMM counts as matmul)."""
+    kinds, names = {}, {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        n, us = e.name, e.time_range.elapsed_us()
+        kind = ("attention" if "_paged_attn" in n or "_combine" in n else "kv_write" if "_kv_write" in n else
+                "rms_norm" if "_rms_norm" in n else "gelu_mul" if "_gelu" in n else
+                "inductor_fused" if n.startswith("triton_") else
+                "matmul" if any(m in n.lower() for m in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk")) else
+                "other")
+        kinds.setdefault(kind, [0, 0.0])
+        kinds[kind][0] += 1
+        kinds[kind][1] += us
+        names[n[:90]] = names.get(n[:90], 0.0) + us
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernels": sum(k[0] for k in kinds.values()), "kernel_ms": round(sum(k[1] for k in kinds.values()) / 1e3, 3),
+            "by_kind": {k: {"count": c, "ms": round(us / 1e3, 3)} for k, (c, us) in sorted(kinds.items())},
+            "top": [[n, round(us / 1e3, 3)] for n, us in top]}
+
+
+@torch.inference_mode()
+def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50) -> dict:
+    """Where a decode step's time goes. The captured graph of the last decode step, replayed alone, gives
+    the step's GPU time without the runtime around it; one profiled step of the compiled module and one
+    of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V."""
+    from g4rt.models.paged import PagedStep
+
+    from .inductor import ArenaStep
+
+    key = next(k for k in engine._graphs if k[0] == batch)
+    graph, static, _ = engine._graphs[key]
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    replay_ms = statistics.median(times)
+    record = {"stage": "decode_profile", "batch": batch, "graph_key": list(key), "replays": replays,
+              "replay_ms_median": round(replay_ms, 3), "replay_ms_min": round(min(times), 3),
+              "weight_GBps_at_replay": round(weight_bytes / replay_ms / 1e6, 1)}
+    eager_step = ArenaStep(PagedStep(model, engine.geometry), engine.arena.tensor)
+    for name, step in (("compiled", engine.compiled), ("eager", eager_step)):
+        step(*static)
+        sync()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            step(*static)
+            sync()
+        record[name] = kernel_kinds(prof)
+    mm = record["compiled"]["by_kind"].get("matmul", {}).get("ms")
+    if mm:
+        record["matmul_GBps"] = round(weight_bytes / mm / 1e6, 1)
+    return record
+
+
+def first_differences(tokens, reference) -> list:
+    """Per sequence, the first index where the greedy tokens differ (None: identical)."""
+    return [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(tokens, reference)]
 
 
 def hf_model_from(model):
@@ -116,6 +182,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-scope", default="layers", choices=["layers", "step"])
     ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--profile", action="store_true",
+                    help="after each inductor run: graph replay time and per-kernel time of one decode step")
     ap.add_argument("--runtime-checks", action="store_true", help="also run runtime/bench.py's equality check")
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)
@@ -135,31 +203,36 @@ def main(argv=None) -> int:
     frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, 512).frames for _ in range(max(batches))) + 8
     cfg = SchedulerConfig(max_num_batched_tokens=2048, chunk=512, max_num_seqs=max(batches))
     mode = None if a.compile_mode == "none" else a.compile_mode
-    engines = {
+    makers = {
         "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),
         "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope), frames, cfg,
                                 eos_ids=model.config.eos_token_ids),
     }
-    engines = {k: v for k, v in engines.items() if k in a.engines.split(",")}
+    makers = {k: v for k, v in makers.items() if k in a.engines.split(",")}
     ok, results = True, {}
     for b in batches:
         prompts = prompts_for(model, b, a.prompt_len, a.seed + b)
-        for name, make in engines.items():
+        for name, make in makers.items():
             try:
                 t = time.perf_counter()
-                r = run_llm(make, prompts, a.new_tokens)
+                llm = make()
+                r = run_llm(llm, prompts, a.new_tokens)
                 results[(name, b)] = r
                 log({"stage": name, "batch": b, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
                      "decode_tok_s_per_seq": round(r["decode_tok_s_per_seq"], 2),
                      "decode_tok_s_total": round(r["decode_tok_s_total"], 1),
                      "of_roofline": round(r["decode_tok_s_per_seq"] / (bw / wbytes), 3),
                      "ttft_s": round(r["ttft_s"], 3), "stage_s": round(time.perf_counter() - t, 1),
-                     "tokens_equal_eager": r["tokens"] == results[("eager", b)]["tokens"]})
+                     "warmup_s": r["warmup_s"], "tokens_equal_eager": r["tokens"] == results[("eager", b)]["tokens"],
+                     "first_difference_at": first_differences(r["tokens"], results[("eager", b)]["tokens"])})
                 ok &= r["tokens"] == results[("eager", b)]["tokens"]
+                if a.profile and name == "inductor":
+                    log(decode_profile(llm.engine, model, b, wbytes))
             except Exception as e:  # record and go on: one broken engine must not hide the others
                 ok = False
                 log({"stage": name, "batch": b, "error": f"{type(e).__name__}: {e}",
                      "trace": traceback.format_exc()[-3000:]})
+            llm = None
             gc.collect()
             torch.cuda.empty_cache()
     if a.runtime_checks or a.long_context:
@@ -186,8 +259,7 @@ def main(argv=None) -> int:
                 log({"stage": "hf", "batch": b, "decode_tok_s_per_seq": round(r["decode_tok_s_per_seq"], 2),
                      "decode_tok_s_total": round(r["decode_tok_s_total"], 1), "prefill_s": round(r["prefill_s"], 3),
                      "tokens_equal_eager": r["tokens"] == ours,
-                     "first_difference_at": [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None)
-                                             for p, q in zip(r["tokens"], ours or [])]})
+                     "first_difference_at": first_differences(r["tokens"], ours or [])})
             del hf
             torch.cuda.empty_cache()
         except Exception as e:

@@ -56,7 +56,7 @@ def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-class _ArenaStep(torch.nn.Module):
+class ArenaStep(torch.nn.Module):
     """PagedStep (in-place KV writes) with the arena as a buffer, so CUDA graphs can be captured."""
 
     def __init__(self, paged, arena: torch.Tensor):
@@ -69,14 +69,20 @@ class _ArenaStep(torch.nn.Module):
 
 
 def _with_compiled_layers(model, mode: str):
-    """A shallow copy of `model` whose decoder layers are compiled, weights shared with `model`
-    (whose own layers stay eager: a benchmark compares the two on one set of weights)."""
+    """A shallow copy of `model` whose decoder layers run compiled, weights shared with `model` (whose
+    own layers stay eager: a benchmark compares the two on one set of weights).
+
+    Compiled are the layer's two pieces around the attention call (`DecoderLayer.attention_inputs`,
+    `after_attention`), not the layer: the attention call reads the layer index for its cache offsets,
+    which would make Dynamo specialise, and recompile, per layer (past its recompile limit of 8 it falls
+    back to eager). The pieces read no index, so each compiles once per layer shape."""
     view = copy.copy(model)
     view._modules = dict(model._modules)
     layers = []
     for layer in model.layers:
         twin = copy.copy(layer)  # own attribute dict, same parameter and submodule dicts
-        twin.compile(mode=mode, dynamic=True)
+        twin.attention_inputs = torch.compile(twin.attention_inputs, mode=mode, dynamic=True)  # bound to twin
+        twin.after_attention = torch.compile(twin.after_attention, mode=mode, dynamic=True)
         layers.append(twin)
     view._modules["layers"] = torch.nn.ModuleList(layers)
     return view
@@ -90,12 +96,12 @@ class InductorEngine:
     `compile_mode=None` skips torch.compile and captures the eager step instead (a fallback for
     images where Inductor misbehaves; decode still replays as CUDA graphs).
 
-    `compile_scope`: "layers" compiles each decoder layer (layers of one kind share one compiled
-    graph, so compile time does not grow with depth; the model itself is left uncompiled: the engine
-    works on a copy of its module tree that shares the weights); "step" compiles the whole step as
-    one graph (fusion across layer boundaries, but Dynamo traces every layer: the 31B's 60 layers
-    took 404 s of compile and capture on the H200, export/results). Both scopes are checked against
-    eager in tests/test_export_inductor.py; the per-layer compile time on the H200 is not measured.
+    `compile_scope`: "layers" compiles the two pieces of each decoder layer around its attention call
+    (layers of one shape share one compiled graph per piece, so compile time does not grow with depth;
+    the model itself is left uncompiled: the engine works on a copy of its module tree that shares the
+    weights); "step" compiles the whole step as one graph (fusion across layer boundaries, but Dynamo
+    traces every layer: the 31B's 60 layers took 404 s of compile and capture on the H200,
+    export/results). Both scopes are checked against eager in tests/test_export_inductor.py.
     """
 
     def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default",
@@ -120,7 +126,7 @@ class InductorEngine:
             inductor_config.emulate_precision_casts = True
         per_layer = compile_mode and compile_scope == "layers"
         step_model = _with_compiled_layers(model, compile_mode) if per_layer else model
-        self.module = _ArenaStep(PagedStep(step_model, geometry), self.arena.tensor)
+        self.module = ArenaStep(PagedStep(step_model, geometry), self.arena.tensor)
         self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
                          if compile_mode and not per_layer else self.module)
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}

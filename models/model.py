@@ -103,8 +103,10 @@ class Attention(nn.Module):
         super().__init__()
         self.kv = kv
         H, D = cfg.hidden_size, kv.head_dim
+        self.head_dim = D
         self.q_proj = _linear(H, kv.num_q_heads * D, dtype, device)
         self.q_norm = RMSNorm(D, cfg.rms_norm_eps, dtype=dtype, device=device)
+        self.k_proj = self.v_proj = None  # KV-shared layers read their source's cache
         if kv.owns_cache:
             self.k_proj = _linear(H, kv.num_kv_heads * D, dtype, device)
             # k_eq_v (26B/31B full layers): no v_proj; V is v_norm of the *raw* k_proj output.
@@ -113,17 +115,15 @@ class Attention(nn.Module):
             self.v_norm = RMSNorm(D, cfg.rms_norm_eps, with_scale=False)
         self.o_proj = _linear(kv.num_q_heads * D, H, dtype, device)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
-        T, D = x.shape[0], self.kv.head_dim
+    def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
+        T, D = x.shape[0], self.head_dim
         q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
-        k = v = None
-        if self.kv.owns_cache:
-            k_raw = self.k_proj(x).view(T, -1, D)
-            v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
-            k = apply_rope(self.k_norm(k_raw), cos, sin)
-            v = self.v_norm(v_raw)
-        o = attention(self.kv, q, k, v)
-        return self.o_proj(o.reshape(T, -1))
+        if self.k_proj is None:
+            return q, None, None
+        k_raw = self.k_proj(x).view(T, -1, D)
+        v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
+        return q, apply_rope(self.k_norm(k_raw), cos, sin), self.v_norm(v_raw)
 
 
 class MLP(nn.Module):
@@ -225,8 +225,17 @@ class DecoderLayer(nn.Module):
             self.pre_feedforward_layernorm_2 = norm()
 
     def forward(self, h, cos, sin, attention: AttentionFn, ple: torch.Tensor | None):
-        a = self.self_attn(self.input_layernorm(h), cos, sin, attention)
-        h = h + self.post_attention_layernorm(a)
+        q, k, v = self.attention_inputs(h, cos, sin)
+        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple)
+
+    # The layer in two pieces around the attention call. The inductor engine compiles each piece once for
+    # all layers of a kind: neither reads the layer's index (the attention call does, for its cache
+    # offsets), so layers of one shape share one compiled graph.
+    def attention_inputs(self, h, cos, sin):
+        return self.self_attn.project(self.input_layernorm(h), cos, sin)
+
+    def after_attention(self, h, o, ple):
+        h = h + self.post_attention_layernorm(self.self_attn.o_proj(o.reshape(o.shape[0], -1)))
 
         m = self.mlp(self.pre_feedforward_layernorm(h))
         if self.has_moe:
@@ -240,6 +249,11 @@ class DecoderLayer(nn.Module):
             g = gelu_tanh_mul(self.per_layer_input_gate(h), ple)
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return h * self.layer_scalar
+
+
+def _round_to(x: float, dtype: torch.dtype) -> float:
+    """x rounded to `dtype`, as a Python float (exact: every bf16/fp16/fp32 value is a double)."""
+    return torch.tensor(x, dtype=dtype).item()
 
 
 class Gemma4Model(nn.Module):
@@ -272,9 +286,9 @@ class Gemma4Model(nn.Module):
             self.full_inv_freq.copy_(rope_inv_freq(self.config, sliding=False))
 
     def _scaled_embed(self, table: nn.Embedding, ids: torch.Tensor, scale: float) -> torch.Tensor:
-        # The scale is rounded to the model dtype before the multiply (sqrt(1536) -> 39.25 in bf16).
-        s = torch.tensor(scale, dtype=torch.float32).to(table.weight.dtype)
-        return table(ids) * s.to(ids.device)
+        # HF rounds the scale to the model dtype before the multiply (sqrt(1536) -> 39.25 in bf16). Done
+        # on the host: a tensor made here would be a host-to-device copy inside CUDA-graph capture.
+        return table(ids) * _round_to(scale, table.weight.dtype)
 
     def _per_layer_inputs(self, ids: torch.Tensor, h_embed: torch.Tensor) -> torch.Tensor:
         """PLE [T, L, P]: (norm(proj(h_embed) / sqrt(H)) + table[ids] * sqrt(P)) / sqrt(2)."""

@@ -8,6 +8,7 @@ under runtime/results/ with the command that produced them).
   same scheduler and step batches, bf16, prompts several windows long: greedy tokens must be equal.
 
     python -m g4rt.runtime.bench --config 31b --out DIR [--context 262144] [--chunk 8192] [--skip-long]
+                                 [--layers N] [--dtype float32]
 """
 from __future__ import annotations
 
@@ -177,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layers", type=int, default=0, help="keep only the first N layers (a mid-size model)")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="weights and compute; float32 separates rounding from logic in the equality check")
     ap.add_argument("--rounding-sensitivity", action="store_true",
                     help="only run the CPU check of how bf16 rounding grows through random layers")
     a = ap.parse_args(argv)
@@ -189,8 +192,8 @@ def main(argv=None) -> int:
     if a.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=a.layers, layer_types=cfg.layer_types[:a.layers],
                                   num_kv_shared_layers=0)
-    model = random_model(cfg, dtype=torch.bfloat16, device=a.device, seed=a.seed)
-    log_json(a.out, {"check": "build", "config": a.config, "seconds": round(time.perf_counter() - t0, 1),
+    model = random_model(cfg, dtype=getattr(torch, a.dtype), device=a.device, seed=a.seed)
+    log_json(a.out, {"check": "build", "config": a.config, "dtype": a.dtype, "layers": cfg.num_hidden_layers, "seconds": round(time.perf_counter() - t0, 1),
                  "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__})
     ok = True
     if not a.skip_equal:

@@ -53,7 +53,7 @@ def test_compiled_bf16_step_matches_eager(scope, report):
     assert torch.equal(compiled.arena.tensor != 0, written)  # the same slots written, nothing else
     assert torch.allclose(compiled.arena.tensor.float(), eager_arena.tensor.float(), rtol=2e-2, atol=2e-2)
     # The engine compiled a copy: the caller's model still runs eager.
-    assert all(getattr(layer, "_compiled_call_impl", None) is None for layer in model.layers)
+    assert all("attention_inputs" not in vars(layer) for layer in model.layers)
 
 
 def test_compiled_step_is_bit_equal_with_plugin_kernels(monkeypatch, request, report):
@@ -72,3 +72,27 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(monkeypatch, request, re
     report(f"compiled (layers) vs eager bf16, plugin kernels: logits bit-equal {torch.equal(out, eager)}")
     assert torch.equal(out, eager)
     assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
+
+
+def test_layers_of_one_shape_share_compiled_graphs():
+    """18 layers of two shapes (sliding, full) compile to 2 pieces x 2 shapes = 4 graphs. Were a piece to
+    read the layer index, Dynamo would recompile per layer and, past its limit of 8, silently run the
+    rest eager (what the first H200 run of the per-layer scope did)."""
+    from torch._dynamo.utils import counters
+
+    from conftest import F, S
+    from g4rt.models.linear_cache import LinearCache
+    from g4rt.export.inductor import _with_compiled_layers
+
+    torch._dynamo.reset()
+    counters.clear()
+    cfg = tiny_config("31b", dtype="bfloat16", num_hidden_layers=18, layer_types=(S, S, S, S, S, F) * 3)
+    model = random_model(cfg, torch.bfloat16, "cpu", seed=3)
+    view = _with_compiled_layers(model, "default")
+    ids = torch.arange(3, 20)
+    with torch.inference_mode():
+        cache = LinearCache()
+        cache.begin_step([0], [len(ids)])
+        view(ids, torch.arange(len(ids)), cache)
+    assert counters["stats"]["unique_graphs"] == 4
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 4
