@@ -2,7 +2,7 @@
 bandwidth roofline measured in the same run, and Hugging Face transformers on the same weights.
 
     python -m g4rt.export.bench --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
-                                 [--runtime-checks] [--long-context 262144] [--profile]
+                                 [--runtime-checks] [--long-context 262144] [--profile] [--matmuls]
 
 One process builds the model once (random bf16 weights drawn on the GPU) and runs, in order:
 ceilings (copy bandwidth), eager engine, inductor engine (torch.compile + CUDA-graph decode),
@@ -125,6 +125,62 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     return record
 
 
+def _graph_ms(fn, reps: int) -> float:
+    """Median GPU time of `fn` captured once as a CUDA graph and replayed (no launch gaps from the host)."""
+    fn()
+    sync()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+@torch.inference_mode()
+def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]:
+    """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
+    reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
+    checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
+    for gate/up and sliding q/k/v one matmul over the concatenated weights (fewer, wider launches)."""
+    roles: dict[str, list[torch.Tensor]] = {}
+    for layer in model.layers:
+        kind = "sliding" if layer.self_attn.kv.sliding else "full"
+        for name, mod in layer.named_modules():
+            if isinstance(mod, torch.nn.Linear):
+                roles.setdefault(f"{kind}.{name}", []).append(mod.weight)
+    roles["lm_head"] = [model.embed_tokens.weight]
+    fused = {"sliding.mlp.gate_up": ("sliding.mlp.gate_proj", "sliding.mlp.up_proj"),
+             "sliding.self_attn.qkv": ("sliding.self_attn.q_proj", "sliding.self_attn.k_proj", "sliding.self_attn.v_proj")}
+    records = []
+    forms = [(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
+    for role, form in forms:
+        if form == "concat":
+            mats = [torch.cat(ws) for ws in zip(*(roles[p] for p in fused[role]))]
+        elif form == "in_out":
+            mats = [w.t().contiguous() for w in roles[role]]
+        else:
+            mats = roles[role]
+        nbytes = sum(w.numel() * w.element_size() for w in mats)
+        k = mats[0].shape[0] if form == "in_out" else mats[0].shape[1]
+        for m in batches:
+            x = torch.randn(m, k, device=mats[0].device, dtype=mats[0].dtype)
+            ms = _graph_ms((lambda: [x @ w for w in mats]) if form == "in_out" else
+                           (lambda: [torch.nn.functional.linear(x, w) for w in mats]), reps)
+            records.append({"stage": "matmul_roles", "role": role, "form": form, "batch": m, "layers": len(mats),
+                            "shape": list(mats[0].shape), "ms": round(ms, 4), "GBps": round(nbytes / ms / 1e6, 1),
+                            "of_copy_bw": round(nbytes / ms / 1e-3 / bw, 3)})
+        del mats
+        torch.cuda.empty_cache()
+    return records
+
+
 def first_differences(tokens, reference) -> list:
     """Per sequence, the first index where the greedy tokens differ (None: identical)."""
     return [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(tokens, reference)]
@@ -182,6 +238,8 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-scope", default="layers", choices=["layers", "step"])
     ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--matmuls", action="store_true",
+                    help="only time decode's matmuls role by role and layout by layout (export.bench.matmul_roles)")
     ap.add_argument("--profile", action="store_true",
                     help="after each inductor run: graph replay time and per-kernel time of one decode step")
     ap.add_argument("--runtime-checks", action="store_true", help="also run runtime/bench.py's equality check")
@@ -199,6 +257,10 @@ def main(argv=None) -> int:
          "copy_GBps": round(bw / 1e9, 1), "weight_bytes_per_step": wbytes, "build_s": round(time.perf_counter() - t0, 1),
          "roofline_tok_s_batch1": round(bw / wbytes, 1)})
     batches = [int(x) for x in a.batches.split(",")]
+    if a.matmuls:
+        for r in matmul_roles(model, bw, batches):
+            log(r)
+        return 0
     geometry = LLM.geometry_for(model)
     frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, 512).frames for _ in range(max(batches))) + 8
     cfg = SchedulerConfig(max_num_batched_tokens=2048, chunk=512, max_num_seqs=max(batches))

@@ -6,11 +6,12 @@ is a module buffer: CUDA-graph capture skips graphs whose inputs are mutated (§
 module owns is not an input. The engine directory holds only a manifest (weights reference and
 settings) plus the compiler caches, so a restart reuses compiled kernels.
 
-Decode graphs: a decode step has one token per sequence (T == B == R). Its batch is copied into
-static buffers of the next bucket size B' >= B (and a page-table width bucket), extra rows padded
-with a dummy sequence (one token at position 0, slots -1, so it writes nothing and reads frame 0),
-and the captured graph is replayed; the logits of the real rows are returned. Other steps (prefill)
-run the compiled module directly. UNTESTED on a GPU in this repo's CPU suite.
+Decode graphs: a decode step has one token per sequence (T == B == R). Its batch is padded on the
+host to the next bucket size B' >= B (and a page-table width bucket) with dummy sequences (one token at
+position 0, slots -1, so it writes nothing and reads frame 0), copied to the graph's static inputs in
+one transfer, and the captured graph is replayed; the logits of the real rows are returned. Other
+steps (prefill) run the compiled module directly. The capture runs on the H200 only (export/bench.py);
+the CPU suite checks the padding (tests/test_export_inductor.py).
 """
 from __future__ import annotations
 
@@ -54,6 +55,44 @@ def _bucket(n: int, buckets: Sequence[int]) -> int:
 
 def _pow2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
+
+
+class DecodeInputs:
+    """A decode step's inputs padded to a bucket: `b` sequences, table widths `ms` / `mf`, as views (in
+    StepBatch order) of one flat int32 buffer. Padded rows are a dummy sequence: token 0 at position 0,
+    kv_len 1, slots -1 (it writes nothing), tables 0 (it reads frame 0), logits row = its own row."""
+
+    def __init__(self, b: int, ms: int, mf_: int, device="cpu", pin: bool = False):
+        shapes = {"token_ids": (b,), "positions": (b,), "cu_q": (b + 1,), "kv_lens": (b,), "sliding_table": (b, ms),
+                  "sliding_first": (b,), "sliding_slots": (b,), "full_table": (b, mf_), "full_slots": (b,),
+                  "logits_rows": (b,)}
+        sizes = [s[0] * (s[1] if len(s) > 1 else 1) for s in shapes.values()]
+        self.flat = torch.empty(sum(sizes), dtype=torch.int32, device=device, pin_memory=pin)
+        self.views = [v.view(shape) for v, shape in zip(self.flat.split(sizes), shapes.values())]
+        self.fields = dict(zip(shapes, self.views))
+        self.b = b
+        self.fill(None)
+
+    def fill(self, batch: StepBatch | None) -> None:
+        """Write `batch` (n <= b sequences of one token each; None: no sequence) and pad the rest."""
+        f, b = self.fields, self.b
+        n = 0 if batch is None else batch.num_seqs
+        if batch is not None:
+            for name, src in zip(StepBatch.names(), batch.tensors()):
+                dst = f[name]
+                if dst.dim() == 2:
+                    dst[:n].zero_()
+                    dst[:n, : src.shape[1]] = src
+                else:
+                    dst[: src.shape[0]] = src
+        for name in ("token_ids", "positions", "sliding_first", "sliding_table", "full_table"):
+            f[name][n:] = 0
+        f["kv_lens"][n:] = 1
+        f["sliding_slots"][n:] = -1
+        f["full_slots"][n:] = -1
+        f["cu_q"][n + 1:] = torch.arange(n + 1, b + 1, dtype=torch.int32)
+        f["cu_q"][0] = 0
+        f["logits_rows"][n:] = torch.arange(n, b, dtype=torch.int32)
 
 
 class ArenaStep(torch.nn.Module):
@@ -129,8 +168,9 @@ class InductorEngine:
         self.module = ArenaStep(PagedStep(step_model, geometry), self.arena.tensor)
         self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
                          if compile_mode and not per_layer else self.module)
-        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[torch.Tensor], torch.Tensor]] = {}
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, DecodeInputs, DecodeInputs]] = {}
         self._pool = None
+        self._logits: torch.Tensor | None = None  # [largest bucket, vocab] fp32, every graph's output
 
     @classmethod
     def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda") -> "InductorEngine":
@@ -147,60 +187,41 @@ class InductorEngine:
                    manifest["compile"].get("scope", "layers"))
 
     # ---- decode graphs -------------------------------------------------------------------------
-    def _static_inputs(self, b: int, ms: int, mf_: int) -> list[torch.Tensor]:
-        """Inputs of a dummy decode batch of `b` sequences: each one token at position 0, writing nothing."""
-        z = dict(dtype=torch.int32, device=self.device)
-        ar = torch.arange(b, **z)
-        return [torch.zeros(b, **z), torch.zeros(b, **z), torch.arange(b + 1, **z), torch.ones(b, **z),
-                torch.zeros(b, ms, **z), torch.zeros(b, **z), torch.full((b,), -1, **z),
-                torch.zeros(b, mf_, **z), torch.full((b,), -1, **z), ar]
-
     def _graph_for(self, key):
+        """The decode graph of bucket `key`, captured on first use. Its inputs are views of one device
+        buffer that a pinned host twin fills (one copy per step); its output is a view of one logits
+        buffer shared by every graph, so more buckets cost no more than their intermediates."""
         if key not in self._graphs:
-            static = self._static_inputs(*key)
+            b = key[0]
+            host = DecodeInputs(*key, pin=True)
+            device = DecodeInputs(*key, device=self.device)
+            device.flat.copy_(host.flat)  # a dummy batch: every row a padded row
+            if self._logits is None:
+                self._logits = torch.empty(BATCH_BUCKETS[-1], self.config.vocab_size, dtype=torch.float32,
+                                           device=self.device)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(2):  # compile + warm up outside capture
-                    self.compiled(*static)
+                    self.compiled(*device.views)
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                out = self.compiled(*static)
+                self._logits[:b].copy_(self.compiled(*device.views))
             self._pool = graph.pool()
-            self._graphs[key] = (graph, static, out)
+            self._graphs[key] = (graph, host, device)
         return self._graphs[key]
 
     def _decode(self, batch: StepBatch) -> torch.Tensor:
         n = batch.num_seqs
         key = (_bucket(n, BATCH_BUCKETS), _pow2(batch.sliding_table.shape[1]), _pow2(batch.full_table.shape[1]))
-        graph, static, out = self._graph_for(key)
-        for buf, src in zip(static, batch.to(self.device).tensors()):
-            if buf.dim() == 2:
-                buf[:n].zero_()
-                buf[:n, : src.shape[1]].copy_(src)
-            elif buf.shape[0] == key[0] + 1:  # cu_q: real prefix, then one dummy token per padded row
-                buf[: n + 1].copy_(src)
-                buf[n + 1:] = torch.arange(n + 1, key[0] + 1, dtype=torch.int32, device=self.device)
-            else:
-                buf[:n].copy_(src)
-        self._reset_padding(static, n, key[0])
+        graph, host, device = self._graph_for(key)
+        # The host buffer is free to overwrite: the runtime read the previous step's logits, which waited
+        # for that step's copy and replay.
+        host.fill(batch)
+        device.flat.copy_(host.flat, non_blocking=True)
         graph.replay()
-        return out[:n].clone()
-
-    @staticmethod
-    def _reset_padding(static: list[torch.Tensor], n: int, b: int) -> None:
-        """Padded rows: token 0 at position 0, kv_len 1, slots -1, tables 0, logits row = own row."""
-        names = StepBatch.names()
-        s = dict(zip(names, static))
-        for name in ("token_ids", "positions", "sliding_first"):
-            s[name][n:] = 0
-        s["kv_lens"][n:] = 1
-        s["sliding_slots"][n:] = -1
-        s["full_slots"][n:] = -1
-        s["sliding_table"][n:] = 0
-        s["full_table"][n:] = 0
-        s["logits_rows"][n:] = torch.arange(n, b, dtype=torch.int32, device=s["logits_rows"].device)
+        return self._logits[:n].clone()
 
     # ---- Engine protocol -------------------------------------------------------------------------
     @torch.inference_mode()

@@ -96,3 +96,39 @@ def test_layers_of_one_shape_share_compiled_graphs():
         view(ids, torch.arange(len(ids)), cache)
     assert counters["stats"]["unique_graphs"] == 4
     assert counters["frames"]["ok"] == counters["frames"]["total"] == 4
+
+
+def test_decode_padding_to_a_bucket_changes_nothing_real():
+    """The CUDA-graph decode path pads a step to a bucket (here 3 sequences to 4, tables to 8 columns)
+    with dummy rows (DecodeInputs). Run eagerly on CPU: the real rows' logits match the unpadded step's
+    and the dummy rows write nothing into the arena."""
+    from g4rt.export.inductor import DecodeInputs
+    from g4rt.models.paged import PagedStep
+
+    model = random_model(tiny_config("31b"), torch.float32, "cpu", seed=4)
+    geometry = LLM.geometry_for(model, page_tokens=4)
+    sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
+    for n in (9, 14, 5):
+        sched.add(list(range(3, 3 + n)), SamplingParams(max_new_tokens=3), ())
+    arena = Arena.for_geometry(geometry, 32, torch.float32)
+    step = PagedStep(model, geometry)
+    prefill = sched.schedule()
+    with torch.inference_mode():
+        step(arena.tensor, *prefill.batch.tensors())
+    sched.commit(prefill, [7, 8, 9])
+    decode = sched.schedule().batch
+    assert decode.num_tokens == decode.num_seqs == 3 and decode.full_table.shape[1] < 8
+    padded = DecodeInputs(4, 8, 8)
+    padded.fill(decode)
+    before = arena.tensor.clone()
+    with torch.inference_mode():
+        want = step(arena.tensor.clone(), *decode.tensors())
+        after = arena.tensor.clone()
+        got = step(after, *padded.views)
+        unpadded_arena = arena.tensor.clone()
+        step(unpadded_arena, *decode.tensors())
+    torch.testing.assert_close(got[:3], want, rtol=1e-5, atol=1e-5)
+    # The dummy row wrote nothing: the same elements changed as without it (CPU matmuls round a 4-row
+    # batch differently from a 3-row one, so the values are close, not equal).
+    assert torch.equal(after != before, unpadded_arena != before) and (after != before).any()
+    torch.testing.assert_close(after, unpadded_arena, rtol=1e-5, atol=1e-5)
