@@ -98,7 +98,8 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     from .inductor import ArenaStep
 
     key = next(k for k in engine._graphs if k[0] == batch)
-    graph, static, _ = engine._graphs[key]
+    graph, _, inputs = engine._graphs[key]
+    static = inputs.views
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

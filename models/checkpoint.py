@@ -135,7 +135,15 @@ def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, dev
         if head.shape != model.embed_tokens.weight.shape or not torch.equal(
                 head.to(model.embed_tokens.weight), model.embed_tokens.weight):
             raise CheckpointError("lm_head.weight: stored, but differs from embed_tokens.weight (config says tied)")
+    return _ready(model)
+
+
+def _ready(model: Gemma4Model) -> Gemma4Model:
+    """Eval mode; on CUDA, q/k/v packed into one matmul (Attention.pack_qkv), which the eager and the
+    compiled engine then share."""
     model.eval()
+    if next(model.parameters()).is_cuda:
+        model.pack_qkv()
     return model
 
 
@@ -205,5 +213,4 @@ def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=
     g = torch.Generator(device=device).manual_seed(seed)
     for name, t in model.state_dict(keep_vars=True).items():
         t.copy_(_random_tensor(name, t.shape, cfg, g))
-    model.eval()
-    return model
+    return _ready(model)

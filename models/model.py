@@ -114,16 +114,42 @@ class Attention(nn.Module):
             self.k_norm = RMSNorm(D, cfg.rms_norm_eps, dtype=dtype, device=device)
             self.v_norm = RMSNorm(D, cfg.rms_norm_eps, with_scale=False)
         self.o_proj = _linear(kv.num_q_heads * D, H, dtype, device)
+        self.qkv_weight: torch.Tensor | None = None  # see pack_qkv
+
+    def pack_qkv(self) -> None:
+        """Hold q, k and v as one weight, the three Linear weights becoming views of it, so a step reads
+        them with one matmul: on the H200 the 50 sliding layers of the 31B take 2.13 ms that way against
+        2.68 ms as three matmuls (export/results, call 4). The packed weight is a plain attribute, not a
+        parameter (state-dict names stay HF's; export never packs), so pack once the model is on its
+        device: `checkpoint.load_model` / `random_model` do it on CUDA."""
+        parts = [m for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
+        if len(parts) < 2 or self.qkv_weight is not None:
+            return
+        with torch.no_grad():
+            packed = torch.cat([m.weight for m in parts])
+        row = 0
+        for m in parts:
+            n = m.weight.shape[0]
+            m.weight = nn.Parameter(packed[row:row + n], requires_grad=False)
+            row += n
+        self.qkv_weight = packed
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
-        q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
-        if self.k_proj is None:
-            return q, None, None
-        k_raw = self.k_proj(x).view(T, -1, D)
-        v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
-        return q, apply_rope(self.k_norm(k_raw), cos, sin), self.v_norm(v_raw)
+        if self.qkv_weight is not None:
+            sizes = [m.weight.shape[0] for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
+            q_raw, k_raw, *v = F.linear(x, self.qkv_weight).split(sizes, dim=-1)
+            q_raw, k_raw = q_raw.view(T, -1, D), k_raw.view(T, -1, D)
+            v_raw = v[0].view(T, -1, D) if v else k_raw
+        else:
+            q_raw = self.q_proj(x).view(T, -1, D)
+            if self.k_proj is None:
+                return apply_rope(self.q_norm(q_raw), cos, sin), None, None
+            k_raw = self.k_proj(x).view(T, -1, D)
+            # k_eq_v: V is v_norm of the raw k_proj output.
+            v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
+        return apply_rope(self.q_norm(q_raw), cos, sin), apply_rope(self.k_norm(k_raw), cos, sin), self.v_norm(v_raw)
 
 
 class MLP(nn.Module):
@@ -284,6 +310,11 @@ class Gemma4Model(nn.Module):
         with torch.no_grad():
             self.sliding_inv_freq.copy_(rope_inv_freq(self.config, sliding=True))
             self.full_inv_freq.copy_(rope_inv_freq(self.config, sliding=False))
+
+    def pack_qkv(self) -> None:
+        """Every cache-owning layer's q/k/v as one weight (Attention.pack_qkv)."""
+        for layer in self.layers:
+            layer.self_attn.pack_qkv()
 
     def _scaled_embed(self, table: nn.Embedding, ids: torch.Tensor, scale: float) -> torch.Tensor:
         # HF rounds the scale to the model dtype before the multiply (sqrt(1536) -> 39.25 in bf16). Done

@@ -18,11 +18,12 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, stride_token, H, D: tl.constexpr, BLOCK: tl.constexpr,
+                     HAS_W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)  # row = token * H + head; the input's heads are D apart
     c = tl.arange(0, BLOCK)
     ok = c < D
-    x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(x_ptr + (row // H) * stride_token + (row % H) * D + c, mask=ok, other=0.0).to(tl.float32)
     y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
     if HAS_W:
         y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
@@ -30,15 +31,21 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.cons
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, fp32 math, output in x's dtype (see reference.rms_norm)."""
+    """RMSNorm over the last dim, fp32 math, output (contiguous) in x's dtype (see reference.rms_norm).
+
+    Reads [T, H, D] / [T, D] inputs whose tokens are strided, such as the q, k and v column blocks of
+    a packed projection's output, without a copy; other layouts are made contiguous first."""
     D = x.shape[-1]
-    x2 = x.contiguous().view(-1, D)
-    out = torch.empty_like(x2)
-    if x2.shape[0]:
+    x3 = x.view(-1, 1, D) if x.dim() == 2 and x.stride(-1) == 1 else x
+    if x3.dim() != 3 or x3.stride(-1) != 1 or (x3.shape[1] > 1 and x3.stride(1) != D):
+        x3 = x.contiguous().view(-1, 1, D)
+    T, H = x3.shape[0], x3.shape[1]
+    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+    if T * H:
         block = triton.next_power_of_2(D)
-        _rms_norm_kernel[(x2.shape[0],)](x2, x2 if weight is None else weight, out, float(eps), D=D, BLOCK=block,
-                                         HAS_W=weight is not None, num_warps=max(1, min(16, block // 512)))
-    return out.view(x.shape)
+        _rms_norm_kernel[(T * H,)](x3, x3 if weight is None else weight, out, float(eps), x3.stride(0), H, D=D,
+                                   BLOCK=block, HAS_W=weight is not None, num_warps=max(1, min(16, block // 512)))
+    return out
 
 
 @triton.jit

@@ -150,3 +150,29 @@ def test_bf16_file_loads_as_requested_dtype(tmp_path):
     assert mdef.layers[0].experts.gate_up_proj.dtype == torch.bfloat16
     assert m32.sliding_inv_freq.dtype == torch.float32 and mdef.full_inv_freq.dtype == torch.float32
     assert torch.equal(m32.layers[0].experts.gate_up_proj.bfloat16(), mdef.layers[0].experts.gate_up_proj)
+
+
+@pytest.mark.parametrize("variant", ["e2b", "31b"])
+def test_packed_qkv_keeps_names_values_and_outputs(variant, tmp_path):
+    """pack_qkv (done on CUDA at load): q/k/v weights become views of one packed weight, the state dict
+    keeps HF's names and values, KV-shared and k_eq_v layers are handled, and the outputs agree."""
+    src = write_random_checkpoint(tiny_config(variant), tmp_path, seed=1, dtype="float32")
+    plain, packed = load_model(src), load_model(src)
+    packed.pack_qkv()
+    assert_matches_files(packed, src)
+    for layer in packed.layers:
+        attn = layer.self_attn
+        if attn.k_proj is None:  # KV-shared: q only, nothing to pack
+            assert attn.qkv_weight is None
+            continue
+        assert attn.q_proj.weight.untyped_storage().data_ptr() == attn.qkv_weight.untyped_storage().data_ptr()
+        assert attn.qkv_weight.shape[0] == sum(m.weight.shape[0] for m in (attn.q_proj, attn.k_proj, attn.v_proj)
+                                               if m is not None)
+    ids = torch.arange(3, 30)
+    out = []
+    for model in (plain, packed):
+        cache = LinearCache()
+        cache.begin_step([0], [len(ids)])
+        with torch.inference_mode():
+            out.append(model.logits(model(ids, torch.arange(len(ids)), cache)))
+    torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)

@@ -56,10 +56,12 @@ def test_compiled_bf16_step_matches_eager(scope, report):
     assert all("attention_inputs" not in vars(layer) for layer in model.layers)
 
 
-def test_compiled_step_is_bit_equal_with_plugin_kernels(monkeypatch, request, report):
+@pytest.mark.parametrize("packed", [False, True])
+def test_compiled_step_is_bit_equal_with_plugin_kernels(packed, monkeypatch, request, report):
     """With the plugin kernels (what CUDA runs: RMSNorm, gated GELU and attention as opaque ops, here
-    under the Triton interpreter), the per-layer compiled step computes eager's bits: logits and every
-    K/V element. This is what lets the H200 run demand identical greedy tokens."""
+    under the Triton interpreter) and, as on CUDA, q/k/v packed into one matmul, the per-layer compiled
+    step computes eager's bits: logits and every K/V element. This is what lets the H200 run demand
+    identical greedy tokens."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.plugins import triton_attention
     if not triton_attention.interpreting():
@@ -68,8 +70,11 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(monkeypatch, request, re
     torch._dynamo.reset()  # Dynamo does not guard on the environment: drop graphs traced without kernels
     request.addfinalizer(torch._dynamo.reset)  # and leave none traced with them to later tests
     model = random_model(tiny_config("31b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3)
+    if packed:
+        model.pack_qkv()
     eager, eager_arena, out, compiled = eager_and_compiled(model, "layers")
-    report(f"compiled (layers) vs eager bf16, plugin kernels: logits bit-equal {torch.equal(out, eager)}")
+    report(f"compiled (layers) vs eager bf16, plugin kernels, packed q/k/v {packed}: logits bit-equal "
+           f"{torch.equal(out, eager)}")
     assert torch.equal(out, eager)
     assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
 

@@ -41,9 +41,17 @@ def test_rms_norm_matches_reference(shape, dtype, with_weight):
     assert_within_ulps(got, want, 1.0 if dtype == torch.bfloat16 else 8.0)
 
 
-def test_rms_norm_reads_strided_rows():
-    x = torch.randn(6, 64).to(torch.bfloat16)[::2]  # every other row: not contiguous
-    assert_within_ulps(tn.rms_norm(x, None, 1e-6), reference.rms_norm(x, None, 1e-6), 1.0)
+@pytest.mark.parametrize("view", ["every_other_row", "packed_columns", "packed_columns_2d", "transposed"])
+def test_rms_norm_reads_strided_inputs(view):
+    """Strided tokens (a packed q/k/v output's column block) are read in place; other layouts copied."""
+    packed = torch.randn(5, 3 * 64 + 32).to(torch.bfloat16)
+    x = {"every_other_row": torch.randn(6, 64).to(torch.bfloat16)[::2],
+         "packed_columns": packed[:, 64:192].view(5, 4, 32),  # 4 heads of 32, token stride 224
+         "packed_columns_2d": packed[:, 192:],
+         "transposed": torch.randn(32, 5).to(torch.bfloat16).t()}[view]
+    got = tn.rms_norm(x, None, 1e-6)
+    assert got.is_contiguous() and got.shape == x.shape
+    assert_within_ulps(got, reference.rms_norm(x, None, 1e-6), 1.0)
 
 
 @pytest.mark.parametrize("n", [1, 1000, 3 * 1024 + 17])
