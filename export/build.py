@@ -47,6 +47,15 @@ def _manifest(cfg, geometry, model_dir: Path, backend: str, dtype: str, page_tok
                              align=DEFAULT_ALIGN, name=model_dir.resolve().name, **kw)
 
 
+def copy_tokenizer(model_dir: Path, out: Path) -> dict:
+    """Copy the checkpoint's tokenizer.json, if any, so text prompts work with `--engine` alone;
+    returns the manifest's `files` entry for it."""
+    if not (model_dir / "tokenizer.json").is_file():
+        return {}
+    shutil.copyfile(model_dir / "tokenizer.json", out / "tokenizer.json")
+    return {"tokenizer": "tokenizer.json"}
+
+
 def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "float32", page_tokens: int = 16,
                 backend: str = "onnxruntime", bar: tqdm | None = None) -> dict:
     """Load the checkpoint once, export PagedStep(functional=True) to `out_dir`, write the manifest."""
@@ -61,10 +70,7 @@ def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "fl
     _tick(bar, "export ONNX")
     export_step(PagedStep(model, geometry, functional=True), geometry, out, DTYPES[dtype])
     del model
-    files = {"onnx": MODEL_FILE, "onnx_data": DATA_FILE}
-    if (model_dir / "tokenizer.json").is_file():  # text prompts work with --engine alone
-        shutil.copyfile(model_dir / "tokenizer.json", out / "tokenizer.json")
-        files["tokenizer"] = "tokenizer.json"
+    files = {"onnx": MODEL_FILE, "onnx_data": DATA_FILE, **copy_tokenizer(model_dir, out)}
     manifest = _manifest(cfg, geometry, model_dir, backend, dtype, page_tokens, files=files)
     mf.write_manifest(out, manifest)
     return manifest

@@ -33,13 +33,13 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int) -> dict:
     from g4rt.models.config import load_config
 
-    from .build import DEFAULT_ALIGN, geometry_for
+    from .build import DEFAULT_ALIGN, copy_tokenizer, geometry_for
     cfg = load_config(model_dir)
     geometry = geometry_for(cfg, dtype, page_tokens)
     manifest = mf.build_manifest(
         cfg, geometry, backend="inductor", dtype=dtype, page_tokens=page_tokens, align=DEFAULT_ALIGN,
         name=model_dir.resolve().name, profiles={"batch_buckets": list(BATCH_BUCKETS)},
-        files={"weights": str(model_dir.resolve()), "compile_cache": CACHE_DIR},
+        files={"weights": str(model_dir.resolve()), "compile_cache": CACHE_DIR, **copy_tokenizer(model_dir, out_dir)},
         extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets"}})
     (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
     mf.write_manifest(out_dir, manifest)

@@ -168,3 +168,20 @@ def test_tensorrt_build_error_is_clear_when_absent(tmp_path):
     with pytest.raises(BuildError, match="tensorrt not importable"):
         build("does-not-matter", "tensorrt", tmp_path / "out", progress=False)
     assert not (tmp_path / "out").exists()
+
+
+def test_inductor_engine_directory_is_complete(tmp_path):
+    """An inductor engine directory (written here without a GPU: the compile happens at load) names its
+    weights and cache, carries the tokenizer so `generate --engine DIR --prompt TEXT` works, and its
+    manifest passes the runtime's check. (The first H200 build lacked the tokenizer.)"""
+    from g4rt.export.inductor import write_inductor_engine
+    from g4rt.models.tiny import ensure_tiny
+
+    model_dir = ensure_tiny()
+    out = tmp_path / "eng"
+    out.mkdir()
+    manifest = write_inductor_engine(model_dir, out, dtype="bfloat16", page_tokens=16)
+    assert (out / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+    assert manifest["files"]["tokenizer"] == "tokenizer.json"
+    assert (out / manifest["files"]["compile_cache"]).is_dir()
+    assert mf.check_manifest(out, backend="inductor")["files"]["weights"] == str(model_dir.resolve())
