@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..plugins import ops, reference
+from ..plugins.reference import apply_rope
 from .config import Gemma4Config
 from .layout import KVLayout, LayerKV
 
@@ -37,7 +38,7 @@ from .layout import KVLayout, LayerKV
 AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]], torch.Tensor]
 
 
-# The two elementwise blocks. Where the plugins run Triton (CUDA, or G4RT_KERNELS=triton) each is one
+# The elementwise blocks. Where the plugins run Triton (CUDA, or G4RT_KERNELS=triton) each is one
 # kernel behind an opaque custom op, which the eager and the compiled engine both call, so they compute
 # the same bits (plugins/triton_norm.py says why that needs kernels). Elsewhere, torch.export on CPU
 # included, the plain torch reference runs.
@@ -47,6 +48,12 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if ops.use_triton(gate):
         return torch.ops.g4rt.gelu_tanh_mul(gate, up)
     return reference.gelu_tanh_mul(gate, up)
+
+
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, post: "RMSNorm", pre: "RMSNorm"):
+    """(h, pre(h)) with h = residual + post(x): a post-norm residual step and the next pre-norm."""
+    args = (residual, x, post.weight, pre.weight, post.eps)
+    return torch.ops.g4rt.add_rms_norm(*args) if ops.use_triton(x) else reference.add_rms_norm(*args)
 
 
 class RMSNorm(nn.Module):
@@ -91,13 +98,6 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.d
     return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, D]; rotate_half pairs dims (i, i + D/2)."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
 class Attention(nn.Module):
     def __init__(self, cfg: Gemma4Config, kv: LayerKV, dtype, device):
         super().__init__()
@@ -137,19 +137,17 @@ class Attention(nn.Module):
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
-        if self.qkv_weight is not None:
-            sizes = [m.weight.shape[0] for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
-            q_raw, k_raw, *v = F.linear(x, self.qkv_weight).split(sizes, dim=-1)
-            q_raw, k_raw = q_raw.view(T, -1, D), k_raw.view(T, -1, D)
-            v_raw = v[0].view(T, -1, D) if v else k_raw
-        else:
-            q_raw = self.q_proj(x).view(T, -1, D)
-            if self.k_proj is None:
-                return apply_rope(self.q_norm(q_raw), cos, sin), None, None
-            k_raw = self.k_proj(x).view(T, -1, D)
-            # k_eq_v: V is v_norm of the raw k_proj output.
-            v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
-        return apply_rope(self.q_norm(q_raw), cos, sin), apply_rope(self.k_norm(k_raw), cos, sin), self.v_norm(v_raw)
+        if self.qkv_weight is not None:  # one matmul, then norms and RoPE of all three in one block
+            args = (F.linear(x, self.qkv_weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
+                    self.kv.num_q_heads, self.kv.num_kv_heads, self.v_proj is None)
+            return torch.ops.g4rt.qkv_norm_rope(*args) if ops.use_triton(x) else reference.qkv_norm_rope(*args)
+        q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
+        if self.k_proj is None:
+            return q, None, None
+        k_raw = self.k_proj(x).view(T, -1, D)
+        # k_eq_v: V is v_norm of the raw k_proj output.
+        v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
+        return q, apply_rope(self.k_norm(k_raw), cos, sin), self.v_norm(v_raw)
 
 
 class MLP(nn.Module):
@@ -261,9 +259,9 @@ class DecoderLayer(nn.Module):
         return self.self_attn.project(self.input_layernorm(h), cos, sin)
 
     def after_attention(self, h, o, ple):
-        h = h + self.post_attention_layernorm(self.self_attn.o_proj(o.reshape(o.shape[0], -1)))
-
-        m = self.mlp(self.pre_feedforward_layernorm(h))
+        h, x = add_rms_norm(h, self.self_attn.o_proj(o.reshape(o.shape[0], -1)), self.post_attention_layernorm,
+                            self.pre_feedforward_layernorm)
+        m = self.mlp(x)
         if self.has_moe:
             # The dense MLP is the shared expert; router and experts read the un-normed residual.
             w, idx = self.router(h)

@@ -6,8 +6,10 @@
     torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size) -> arena'  (functional)
     torch.ops.g4rt.rms_norm(x, weight | None, eps) -> y
     torch.ops.g4rt.gelu_tanh_mul(gate, up) -> y
+    torch.ops.g4rt.qkv_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v) -> q, k, v
+    torch.ops.g4rt.add_rms_norm(residual, x, x_weight, out_weight, eps) -> h, normed
 
-The last two are not plugins of the exported graph (the model runs their reference on CPU, where
+The last four are not plugins of the exported graph (the model runs their reference on CPU, where
 export traces it, and TensorRT fuses norms itself). On CUDA they keep the eager and the compiled
 engine on the same bits: see triton_norm.py.
 
@@ -122,6 +124,32 @@ def _gelu_tanh_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 @_gelu_tanh_mul_op.register_fake
 def _(gate, up):
     return torch.empty_like(gate)
+
+
+@torch.library.custom_op("g4rt::qkv_norm_rope", mutates_args=())
+def _qkv_norm_rope_op(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                      cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                      k_eq_v: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    fn = _tnorm.qkv_norm_rope if use_triton(qkv) else reference.qkv_norm_rope
+    return tuple(t.contiguous() for t in fn(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v))
+
+
+@_qkv_norm_rope_op.register_fake
+def _(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v):
+    T, D = qkv.shape[0], cos.shape[-1]
+    return qkv.new_empty(T, num_q_heads, D), qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
+
+
+@torch.library.custom_op("g4rt::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    fn = _tnorm.add_rms_norm if use_triton(x) else reference.add_rms_norm
+    return fn(residual, x, x_weight, out_weight, eps)
+
+
+@_add_rms_norm_op.register_fake
+def _(residual, x, x_weight, out_weight, eps):
+    return torch.empty_like(residual), torch.empty_like(residual)
 
 
 # ---- plain Python API: the ops above, with keyword names ------------------------------------

@@ -2,8 +2,9 @@
 
 `attend` is the single definition of Gemma 4's attention over one sequence's keys. The model's
 linear cache and the paged reference op both call it, so paged and linear runs are byte-equal when
-they hold the same keys. `rms_norm` and `gelu_tanh_mul` are the decoder's elementwise blocks, written
-as HF writes them; the model runs them on CPU and their Triton kernels stand in on CUDA.
+they hold the same keys. `rms_norm`, `gelu_tanh_mul`, `apply_rope` and the two fused blocks built from
+them (`qkv_norm_rope`, `add_rms_norm`) are the decoder's elementwise math, written as HF writes it; the
+model runs them on CPU and their Triton kernels stand in on CUDA.
 """
 from __future__ import annotations
 
@@ -64,6 +65,33 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The gated activation of every Gemma 4 MLP, expert and PLE gate: gelu_tanh(gate) * up."""
     return F.gelu(gate, approximate="tanh") * up
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], cos/sin [T, D] in x's dtype; rotate_half pairs dims (i, i + D/2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool):
+    """A packed q/k/v projection's output [T, (Hq + Hkv [+ Hkv]) * D] -> (q, k, v) [T, H, D]: q and k normed
+    with their weights and roped, v normed without weight. k_eq_v: there is no v block; v is the raw k."""
+    T, D = qkv.shape[0], cos.shape[-1]
+    blocks = qkv.split([num_q_heads * D] + [num_kv_heads * D] * (1 if k_eq_v else 2), dim=-1)
+    q, k = blocks[0].view(T, -1, D), blocks[1].view(T, -1, D)
+    v = k if k_eq_v else blocks[2].view(T, -1, D)
+    return (apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin),
+            rms_norm(v, None, eps))
+
+
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma's post-norm residual step followed by the next pre-norm: h = residual + norm(x) * x_weight,
+    returned with norm(h) * out_weight."""
+    h = residual + rms_norm(x, x_weight, eps)
+    return h, rms_norm(h, out_weight, eps)
 
 
 # ---------------------------------------------------------------------------------------------

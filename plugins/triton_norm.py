@@ -1,4 +1,5 @@
-"""Triton kernels for the decoder's two elementwise blocks: RMSNorm and the gated GELU.
+"""Triton kernels for the decoder's elementwise blocks: RMSNorm, the gated GELU, and two fused blocks
+(q/k/v norms with RoPE; post-norm, residual add and the next pre-norm).
 
 Why kernels for such simple math: the eager and the compiled engine must compute the same bits.
 Inductor fuses `x.pow(2).mean()` into a reduction of its own, summed in another order than
@@ -71,3 +72,88 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if n:
         _gelu_tanh_mul_kernel[(triton.cdiv(n, 1024),)](gate, up, out, n, BLOCK=1024, num_warps=4)
     return out
+
+
+# ---- fused blocks: one launch where the layer would make several ------------------------------------
+# Each rounds every intermediate to the output dtype where eager torch does (the norm's output, each
+# RoPE product, the sum), so on CUDA the fused blocks agree with the unfused kernels above plus eager
+# RoPE and adds up to the order of one fp32 sum per row.
+
+@triton.jit
+def _norm_rope_row(src, w_ptr, cos_ptr, sin_ptr, dst, eps, D: tl.constexpr):
+    """One head: RMSNorm with weight, then RoPE (rotate_half: dim i pairs with i + D/2)."""
+    dtype = dst.dtype.element_ty
+    c = tl.arange(0, D)
+    partner = (c + D // 2) % D
+    x = tl.load(src + c).to(tl.float32)
+    den = tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    y = (x / den * tl.load(w_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
+    yp = (tl.load(src + partner).to(tl.float32) / den * tl.load(w_ptr + partner).to(tl.float32)).to(dtype).to(tl.float32)
+    a = (y * tl.load(cos_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
+    b = (tl.where(c < D // 2, -yp, yp) * tl.load(sin_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(dst + c, (a + b).to(dtype))
+
+
+@triton.jit
+def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, eps, stride_token,
+                          HQ: tl.constexpr, HKV: tl.constexpr, K_EQ_V: tl.constexpr, D: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1)  # q heads, then k heads, then v heads
+    row = qkv_ptr + t * stride_token
+    cos, sin = cos_ptr + t * D, sin_ptr + t * D
+    if j < HQ:
+        _norm_rope_row(row + j * D, qw_ptr, cos, sin, q_ptr + (t * HQ + j) * D, eps, D)
+    elif j < HQ + HKV:
+        _norm_rope_row(row + j * D, kw_ptr, cos, sin, k_ptr + (t * HKV + j - HQ) * D, eps, D)
+    else:
+        h = j - HQ - HKV
+        src = row + (HQ + h) * D if K_EQ_V else row + j * D  # k_eq_v: V is the raw K
+        c = tl.arange(0, D)
+        x = tl.load(src + c).to(tl.float32)
+        y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        tl.store(v_ptr + (t * HKV + h) * D + c, y.to(v_ptr.dtype.element_ty))
+
+
+def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool):
+    """See reference.qkv_norm_rope: one launch, grid (tokens, q + k + v heads), for the q/k/v norms and RoPE."""
+    T, D = qkv.shape[0], cos.shape[-1]
+    if qkv.stride(-1) != 1:
+        qkv = qkv.contiguous()
+    cos, sin = cos.contiguous(), sin.contiguous()
+    q = qkv.new_empty(T, num_q_heads, D)
+    k, v = qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
+    if T:
+        _qkv_norm_rope_kernel[(T, num_q_heads + 2 * num_kv_heads)](
+            qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), HQ=num_q_heads, HKV=num_kv_heads,
+            K_EQ_V=bool(k_eq_v), D=D, num_warps=1 if D <= 256 else 2)
+    return q, k, v
+
+
+@triton.jit
+def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, ow_ptr, h_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * D
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    dtype = h_ptr.dtype.element_ty
+    x = tl.load(x_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
+    y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps) * tl.load(xw_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    h = (tl.load(res_ptr + row + c, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
+    tl.store(h_ptr + row + c, h, mask=ok)
+    hf = h.to(tl.float32)
+    z = hf / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps) * tl.load(ow_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row + c, z.to(dtype), mask=ok)
+
+
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """See reference.add_rms_norm: one launch per token row for norm, residual add and the next norm."""
+    D = x.shape[-1]
+    residual, x = residual.contiguous(), x.contiguous()
+    h, out = torch.empty_like(residual), torch.empty_like(residual)
+    rows = residual.numel() // D if D else 0
+    if rows:
+        block = triton.next_power_of_2(D)
+        _add_rms_norm_kernel[(rows,)](residual, x, x_weight, out_weight, h, out, float(eps), D=D, BLOCK=block,
+                                      num_warps=max(1, min(16, block // 512)))
+    return h, out

@@ -83,3 +83,41 @@ def test_custom_ops_dispatch_to_the_kernels(monkeypatch):
     monkeypatch.setenv("G4RT_KERNELS", "triton")
     torch.ops.g4rt.rms_norm(x, None, 1e-6)
     assert calls == ["triton"]
+
+
+def close(got: torch.Tensor, want: torch.Tensor, scale: float):
+    """A fused block against the reference: fp32 to the order of its sums; bf16 within a few ulps of the
+    values' scale (the interpreter truncates fp32 -> bf16 where the GPU and torch round to nearest, so
+    the bits cannot be compared here; tests/test_export_inductor.py compares engines, not roundings)."""
+    assert got.shape == want.shape and got.dtype == want.dtype and torch.isfinite(got).all()
+    if want.dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=0, atol=4 * torch.finfo(want.dtype).eps * scale)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("k_eq_v", [False, True])
+@pytest.mark.parametrize("D", [16, 256])
+def test_qkv_norm_rope_matches_reference(k_eq_v, D, dtype):
+    from g4rt.models.model import rope_cos_sin
+    g = torch.Generator().manual_seed(D + k_eq_v)
+    T, hq, hkv = 3, 4, 2
+    width = (hq + hkv * (1 if k_eq_v else 2)) * D
+    packed = (torch.randn(T, width + 8, generator=g) * 2).to(dtype)[:, :width]  # strided tokens
+    qw, kw = [(0.5 + 0.1 * torch.randn(D, generator=g)).to(dtype) for _ in range(2)]
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
+    cos, sin = rope_cos_sin(inv_freq, torch.tensor([0, 7, 300]), dtype)
+    args = (packed, qw, kw, 1e-6, cos, sin, hq, hkv, k_eq_v)
+    for got, want in zip(tn.qkv_norm_rope(*args), reference.qkv_norm_rope(*args)):
+        close(got, want, scale=2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_add_rms_norm_matches_reference(dtype):
+    g = torch.Generator().manual_seed(0)
+    res, x = [(torch.randn(5, 5376, generator=g) * 3).to(dtype) for _ in range(2)]
+    xw, ow = [(1 + 0.2 * torch.randn(5376, generator=g)).to(dtype) for _ in range(2)]
+    got, want = tn.add_rms_norm(res, x, xw, ow, 1e-6), reference.add_rms_norm(res, x, xw, ow, 1e-6)
+    close(got[0], want[0], scale=16.0)
+    close(got[1], want[1], scale=4.0)
