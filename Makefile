@@ -47,7 +47,9 @@ plan: $(STAMP)
 OUT_DIR ?= artifacts/bench
 bench-gpu:
 	python3 -m g4rt.plugins.bench --out $(OUT_DIR)/kernels
-	python3 -m g4rt.export.bench --config 31b --out $(OUT_DIR)/engine --runtime-checks --long-context 262144
+	python3 -m g4rt.export.bench --config 31b --out $(OUT_DIR)/engine --profile
+	python3 -m g4rt.export.bench --config 31b --out $(OUT_DIR)/matmuls --matmuls
+	python3 -m g4rt.runtime.bench --config 31b --out $(OUT_DIR)/runtime
 
 clean:
 	rm -rf $(VENV) artifacts

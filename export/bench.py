@@ -65,6 +65,19 @@ def run_llm(llm, prompts, new_tokens: int) -> dict:
             "ttft_s": statistics.median(o.ttft_s for o in outs), "wall_s": round(wall, 2), "warmup_s": round(warmup, 1)}
 
 
+def replay_times(graph, reps: int) -> list[float]:
+    """GPU milliseconds of `reps` replays of a captured CUDA graph, each timed by its own events."""
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return times
+
+
 def kernel_kinds(prof) -> dict:
     """GPU kernel time of a profiled step, summed by what the kernel does (cuBLAS names vary by
     version: anything that is not ours or Inductor's and reads like a GEMM counts as matmul)."""
@@ -100,14 +113,7 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     key = next(k for k in engine._graphs if k[0] == batch)
     graph, _, inputs = engine._graphs[key]
     static = inputs.views
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
+    times = replay_times(graph, replays)
     replay_ms = statistics.median(times)
     record = {"stage": "decode_profile", "batch": batch, "graph_key": list(key), "replays": replays,
               "replay_ms_median": round(replay_ms, 3), "replay_ms_min": round(min(times), 3),
@@ -133,15 +139,7 @@ def _graph_ms(fn, reps: int) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    return statistics.median(replay_times(graph, reps))
 
 
 @torch.inference_mode()
