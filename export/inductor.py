@@ -23,11 +23,12 @@ from typing import Sequence
 import torch
 
 from g4rt.models.step import StepBatch
+from g4rt.plugins.reference import pow2_bucket
 
 from . import manifest as mf
 
 CACHE_DIR = "compile_cache"
-BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+BATCH_BUCKETS = tuple(1 << i for i in range(9))  # pow2_bucket's values up to 256 decode sequences
 
 
 def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int) -> dict:
@@ -46,17 +47,6 @@ def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_to
     return manifest
 
 
-def _bucket(n: int, buckets: Sequence[int]) -> int:
-    for b in buckets:
-        if b >= n:
-            return b
-    raise ValueError(f"{n} exceeds the largest bucket {buckets[-1]}")
-
-
-def _pow2(n: int) -> int:
-    return 1 << max(0, n - 1).bit_length()
-
-
 class DecodeInputs:
     """A decode step's inputs padded to a bucket: `b` sequences, table widths `ms` / `mf`, as views (in
     StepBatch order) of one flat int32 buffer. Padded rows are a dummy sequence: token 0 at position 0,
@@ -71,27 +61,23 @@ class DecodeInputs:
         self.views = [v.view(shape) for v, shape in zip(self.flat.split(sizes), shapes.values())]
         self.fields = dict(zip(shapes, self.views))
         self.b = b
-        self.fill(None)
 
     def fill(self, batch: StepBatch | None) -> None:
         """Write `batch` (n <= b sequences of one token each; None: no sequence) and pad the rest."""
         f, b = self.fields, self.b
         n = 0 if batch is None else batch.num_seqs
+        f["sliding_table"].zero_()
+        f["full_table"].zero_()
         if batch is not None:
             for name, src in zip(StepBatch.names(), batch.tensors()):
-                dst = f[name]
-                if dst.dim() == 2:
-                    dst[:n].zero_()
-                    dst[:n, : src.shape[1]] = src
-                else:
-                    dst[: src.shape[0]] = src
-        for name in ("token_ids", "positions", "sliding_first", "sliding_table", "full_table"):
+                dst = f[name][:, : src.shape[1]] if src.dim() == 2 else f[name]
+                dst[: src.shape[0]] = src
+        for name in ("token_ids", "positions", "sliding_first"):
             f[name][n:] = 0
         f["kv_lens"][n:] = 1
         f["sliding_slots"][n:] = -1
         f["full_slots"][n:] = -1
-        f["cu_q"][n + 1:] = torch.arange(n + 1, b + 1, dtype=torch.int32)
-        f["cu_q"][0] = 0
+        f["cu_q"][n:] = torch.arange(n, b + 1, dtype=torch.int32)  # row n starts at token n: one token per row
         f["logits_rows"][n:] = torch.arange(n, b, dtype=torch.int32)
 
 
@@ -194,8 +180,9 @@ class InductorEngine:
         if key not in self._graphs:
             b = key[0]
             host = DecodeInputs(*key, pin=True)
+            host.fill(None)  # a dummy batch (every row a padded one) for warm-up and capture
             device = DecodeInputs(*key, device=self.device)
-            device.flat.copy_(host.flat)  # a dummy batch: every row a padded row
+            device.flat.copy_(host.flat)
             if self._logits is None:
                 self._logits = torch.empty(BATCH_BUCKETS[-1], self.config.vocab_size, dtype=torch.float32,
                                            device=self.device)
@@ -214,7 +201,7 @@ class InductorEngine:
 
     def _decode(self, batch: StepBatch) -> torch.Tensor:
         n = batch.num_seqs
-        key = (_bucket(n, BATCH_BUCKETS), _pow2(batch.sliding_table.shape[1]), _pow2(batch.full_table.shape[1]))
+        key = tuple(pow2_bucket(w) for w in (n, batch.sliding_table.shape[1], batch.full_table.shape[1]))
         graph, host, device = self._graph_for(key)
         # The host buffer is free to overwrite: the runtime read the previous step's logits, which waited
         # for that step's copy and replay.

@@ -56,9 +56,16 @@ def _page_attrs() -> list[OpSchema.Attribute]:
     ]
 
 
+def _plugin_schema(name: str, doc: str, inputs, outputs, attributes) -> OpSchema:
+    """A plugin op of domain `gemma4`: both address the arena by layer offsets and carry the plugin
+    attributes TensorRT's parser matches on."""
+    return OpSchema(name, DOMAIN, OPSET_VERSION, doc=doc, inputs=inputs, outputs=outputs, type_constraints=_TYPES,
+                    attributes=[*_page_attrs(), *attributes, *_plugin_attrs()])
+
+
 def paged_attention_schema() -> OpSchema:
-    return OpSchema(
-        PAGED_ATTENTION, DOMAIN, OPSET_VERSION,
+    return _plugin_schema(
+        PAGED_ATTENTION,
         doc="Varlen paged attention over the arena (plugins/README.md `paged_attention`).",
         inputs=[
             _param("q", "T", "[T, num_q_heads, head_dim]"),
@@ -69,21 +76,18 @@ def paged_attention_schema() -> OpSchema:
             _param("first_page", "I", "[B] first resident logical page"),
         ],
         outputs=[_param("out", "T", "[T, num_q_heads, head_dim]")],
-        type_constraints=_TYPES,
         attributes=[
-            *_page_attrs(),
             _attr("num_kv_heads", _INT, "KV heads of this layer"),
             _attr("head_dim", _INT, "head dim (256 sliding / 512 full on Gemma 4)"),
             _attr("window_left", _INT, "inclusive left distance (W-1); -1 = no window"),
             _attr("scale", _FLOAT, "multiplies q.k"),
-            *_plugin_attrs(),
         ],
     )
 
 
 def kv_write_schema() -> OpSchema:
-    return OpSchema(
-        KV_WRITE, DOMAIN, OPSET_VERSION,
+    return _plugin_schema(
+        KV_WRITE,
         doc="Functional KV page write: arena_out = arena with k/v rows scattered to slots (-1 skips).",
         inputs=[
             _param("arena", "T", "[num_frames, frame_elems]"),
@@ -92,11 +96,7 @@ def kv_write_schema() -> OpSchema:
             _param("slots", "I", "[T] frame * page_size + offset; -1 writes nothing"),
         ],
         outputs=[_param("arena_out", "T", "the updated arena (TensorRT aliases it to `arena`)")],
-        type_constraints=_TYPES,
-        attributes=[
-            *_page_attrs(),
-            *_plugin_attrs(),
-        ],
+        attributes=[],
     )
 
 

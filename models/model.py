@@ -43,17 +43,19 @@ AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[
 # the same bits (plugins/triton_norm.py says why that needs kernels). Elsewhere, torch.export on CPU
 # included, the plain torch reference runs.
 
+def _block(name: str, *args):
+    """Elementwise block `name`: the custom op where the plugins run Triton, else the torch reference."""
+    return getattr(torch.ops.g4rt if ops.use_triton(args[0]) else reference, name)(*args)
+
+
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up: the gated activation of the MLP, the experts and the PLE gate."""
-    if ops.use_triton(gate):
-        return torch.ops.g4rt.gelu_tanh_mul(gate, up)
-    return reference.gelu_tanh_mul(gate, up)
+    return _block("gelu_tanh_mul", gate, up)
 
 
 def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, post: "RMSNorm", pre: "RMSNorm"):
     """(h, pre(h)) with h = residual + post(x): a post-norm residual step and the next pre-norm."""
-    args = (residual, x, post.weight, pre.weight, post.eps)
-    return torch.ops.g4rt.add_rms_norm(*args) if ops.use_triton(x) else reference.add_rms_norm(*args)
+    return _block("add_rms_norm", residual, x, post.weight, pre.weight, post.eps)
 
 
 class RMSNorm(nn.Module):
@@ -66,9 +68,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device)) if with_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if ops.use_triton(x):
-            return torch.ops.g4rt.rms_norm(x, self.weight, self.eps)
-        return reference.rms_norm(x, self.weight, self.eps)
+        return _block("rms_norm", x, self.weight, self.eps)
 
 
 def _linear(n_in: int, n_out: int, dtype, device) -> nn.Linear:
@@ -138,9 +138,8 @@ class Attention(nn.Module):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
         if self.qkv_weight is not None:  # one matmul, then norms and RoPE of all three in one block
-            args = (F.linear(x, self.qkv_weight), self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, cos, sin,
-                    self.kv.num_q_heads, self.kv.num_kv_heads, self.v_proj is None)
-            return torch.ops.g4rt.qkv_norm_rope(*args) if ops.use_triton(x) else reference.qkv_norm_rope(*args)
+            return _block("qkv_norm_rope", F.linear(x, self.qkv_weight), self.q_norm.weight, self.k_norm.weight,
+                          self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads, self.v_proj is None)
         q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
         if self.k_proj is None:
             return q, None, None

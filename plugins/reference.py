@@ -20,6 +20,13 @@ def window_left(window: int | None) -> int:
     return -1 if window is None else window - 1
 
 
+def pow2_bucket(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1). CUDA-graph decode pads batch size and table widths
+    to these buckets, and the decode kernel picks its split count from them, so a padded replay and an
+    eager step sum in the same order."""
+    return 1 << max(0, n - 1).bit_length()
+
+
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor,
            window_left: int, scale: float = 1.0, probs_dtype: torch.dtype | None = None) -> torch.Tensor:
     """q [Tq, Hq, D], k/v [Tk, Hkv, D], positions int [Tq] / [Tk] -> [Tq, Hq, D] in q's dtype.

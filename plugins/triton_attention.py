@@ -33,6 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .reference import pow2_bucket
+
 LOG2E = 1.4426950408889634
 
 
@@ -150,10 +152,6 @@ def _sm_count(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-def _pow2(n: int) -> int:
-    return 1 << max(0, (n - 1).bit_length())
-
-
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
@@ -212,7 +210,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if arena.stride(1) != 1 or page_table.stride(1) != 1:
         raise ValueError("arena and page_table must be contiguous in their last dim")
     G = HQ // HKV
-    GP = _pow2(G)
+    GP = triton.next_power_of_2(G)
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
@@ -226,10 +224,10 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         block_q = max(1, cfg["rows"] // GP)  # padding rows: only query 0 of each sequence exists
         m_blocks = 1
         if num_splits is None:
-            max_keys = _pow2(page_table.shape[1]) * page_size
+            max_keys = pow2_bucket(page_table.shape[1]) * page_size
             if window_left >= 0:
                 max_keys = min(max_keys, window_left + 1)
-            num_splits = decode_splits(_pow2(B), HKV, max_keys, q.device)
+            num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, q.device)
     else:
         block_q = max(1, cfg["rows"] // GP)
         m_blocks = triton.cdiv(T - B + 1, block_q)
@@ -251,5 +249,5 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     )
     if num_splits > 1:
         _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D,
-                                   BLOCK_S=_pow2(num_splits), num_warps=4)
+                                   BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4)
     return out

@@ -19,34 +19,37 @@ import triton.language as tl
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, stride_token, H, D: tl.constexpr, BLOCK: tl.constexpr,
-                     HAS_W: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)  # row = token * H + head; the input's heads are D apart
+def _rms(x, D: tl.constexpr, eps):
+    """Root mean square of a row (fp32, masked-out lanes loaded as 0), plus eps under the root."""
+    return tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     ok = c < D
-    x = tl.load(x_ptr + (row // H) * stride_token + (row % H) * D + c, mask=ok, other=0.0).to(tl.float32)
-    y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0).to(tl.float32)
+    y = x / _rms(x, D, eps)
     if HAS_W:
         y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * D + c, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, fp32 math, output (contiguous) in x's dtype (see reference.rms_norm).
+def _row_warps(block: int) -> int:
+    return max(1, min(16, block // 512))
 
-    Reads [T, H, D] / [T, D] inputs whose tokens are strided, such as the q, k and v column blocks of
-    a packed projection's output, without a copy; other layouts are made contiguous first."""
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """RMSNorm over the last dim, fp32 math, output (contiguous) in x's dtype (see reference.rms_norm)."""
     D = x.shape[-1]
-    x3 = x.view(-1, 1, D) if x.dim() == 2 and x.stride(-1) == 1 else x
-    if x3.dim() != 3 or x3.stride(-1) != 1 or (x3.shape[1] > 1 and x3.stride(1) != D):
-        x3 = x.contiguous().view(-1, 1, D)
-    T, H = x3.shape[0], x3.shape[1]
-    out = torch.empty(x.shape, dtype=x.dtype, device=x.device)
-    if T * H:
+    x2 = x.contiguous().view(-1, D)
+    out = torch.empty_like(x2)
+    if x2.shape[0]:
         block = triton.next_power_of_2(D)
-        _rms_norm_kernel[(T * H,)](x3, x3 if weight is None else weight, out, float(eps), x3.stride(0), H, D=D,
-                                   BLOCK=block, HAS_W=weight is not None, num_warps=max(1, min(16, block // 512)))
-    return out
+        _rms_norm_kernel[(x2.shape[0],)](x2, x2 if weight is None else weight, out, float(eps), D=D, BLOCK=block,
+                                         HAS_W=weight is not None, num_warps=_row_warps(block))
+    return out.view(x.shape)
 
 
 @triton.jit
@@ -86,7 +89,7 @@ def _norm_rope_row(src, w_ptr, cos_ptr, sin_ptr, dst, eps, D: tl.constexpr):
     c = tl.arange(0, D)
     partner = (c + D // 2) % D
     x = tl.load(src + c).to(tl.float32)
-    den = tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    den = _rms(x, D, eps)
     y = (x / den * tl.load(w_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
     yp = (tl.load(src + partner).to(tl.float32) / den * tl.load(w_ptr + partner).to(tl.float32)).to(dtype).to(tl.float32)
     a = (y * tl.load(cos_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
@@ -110,7 +113,7 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
         src = row + (HQ + h) * D if K_EQ_V else row + j * D  # k_eq_v: V is the raw K
         c = tl.arange(0, D)
         x = tl.load(src + c).to(tl.float32)
-        y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+        y = x / _rms(x, D, eps)
         tl.store(v_ptr + (t * HKV + h) * D + c, y.to(v_ptr.dtype.element_ty))
 
 
@@ -137,11 +140,11 @@ def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, ow_ptr, h_ptr, out_ptr, eps, D:
     ok = c < D
     dtype = h_ptr.dtype.element_ty
     x = tl.load(x_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
-    y = x / tl.sqrt(tl.sum(x * x, axis=0) / D + eps) * tl.load(xw_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    y = x / _rms(x, D, eps) * tl.load(xw_ptr + c, mask=ok, other=0.0).to(tl.float32)
     h = (tl.load(res_ptr + row + c, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
     tl.store(h_ptr + row + c, h, mask=ok)
     hf = h.to(tl.float32)
-    z = hf / tl.sqrt(tl.sum(hf * hf, axis=0) / D + eps) * tl.load(ow_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=ok, other=0.0).to(tl.float32)
     tl.store(out_ptr + row + c, z.to(dtype), mask=ok)
 
 
@@ -155,5 +158,5 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
     if rows:
         block = triton.next_power_of_2(D)
         _add_rms_norm_kernel[(rows,)](residual, x, x_weight, out_weight, h, out, float(eps), D=D, BLOCK=block,
-                                      num_warps=max(1, min(16, block // 512)))
+                                      num_warps=_row_warps(block))
     return h, out

@@ -43,7 +43,7 @@ def test_rms_norm_matches_reference(shape, dtype, with_weight):
 
 @pytest.mark.parametrize("view", ["every_other_row", "packed_columns", "packed_columns_2d", "transposed"])
 def test_rms_norm_reads_strided_inputs(view):
-    """Strided tokens (a packed q/k/v output's column block) are read in place; other layouts copied."""
+    """Non-contiguous inputs (strided tokens, a column block, a transpose) give the reference's values."""
     packed = torch.randn(5, 3 * 64 + 32).to(torch.bfloat16)
     x = {"every_other_row": torch.randn(6, 64).to(torch.bfloat16)[::2],
          "packed_columns": packed[:, 64:192].view(5, 4, 32),  # 4 heads of 32, token stride 224
