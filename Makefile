@@ -13,11 +13,12 @@ TOKENS  ?= 24
 ENGINE  ?= artifacts/$(notdir $(MODEL))-ort
 PYTEST_ARGS ?=
 
-.PHONY: help venv run test plan bench-gpu clean
+.PHONY: help venv run test test-fast plan bench-gpu clean
 
 help:
 	@echo "make run        build the ONNX Runtime engine of the tiny Gemma 4 (or MODEL=dir) and generate (PROMPT=text, TOKENS=n)"
 	@echo "make test       run the CPU test suite (HF parity, kernels under TRITON_INTERPRET, runtime, export)"
+	@echo "make test-fast  the same without the tests marked slow (over 10 s each)"
 	@echo "make plan       KV bytes and capacity for the four published sizes"
 	@echo "make clean      remove the virtualenv and artifacts"
 
@@ -39,6 +40,9 @@ run: $(STAMP)
 test: $(STAMP)
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+test-fast: $(STAMP)
+	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
+
 plan: $(STAMP)
 	$(BIN)/g4rt plan
 
@@ -46,10 +50,10 @@ plan: $(STAMP)
 # Needs the `gpu` extra; results land in $(OUT_DIR) (committed copies live in */results/).
 OUT_DIR ?= artifacts/bench
 bench-gpu:
-	python3 -m g4rt.plugins.bench --out $(OUT_DIR)/kernels
-	python3 -m g4rt.export.bench --config 31b --out $(OUT_DIR)/engine --profile
-	python3 -m g4rt.export.bench --config 31b --out $(OUT_DIR)/matmuls --matmuls
-	python3 -m g4rt.runtime.bench --config 31b --out $(OUT_DIR)/runtime
+	python3 -m g4rt.bench.kernels --out $(OUT_DIR)/kernels
+	python3 -m g4rt.bench.engine --config 31b --out $(OUT_DIR)/engine --profile
+	python3 -m g4rt.bench.engine --config 31b --out $(OUT_DIR)/matmuls --matmuls
+	python3 -m g4rt.bench.runtime --config 31b --out $(OUT_DIR)/runtime
 
 clean:
 	rm -rf $(VENV) artifacts

@@ -1,29 +1,36 @@
 """`g4rt export` / `g4rt build`: turn a checkpoint into an engine directory for one backend.
 
-Every engine directory holds a `manifest.json` (manifest.py) next to the backend's artifacts:
+Every engine directory holds a `manifest.json` (models/manifest.py) next to the backend's artifacts;
+every path the manifest names is relative to the directory, so a directory can be moved or copied:
 
 * onnxruntime: `model.onnx` + `model.onnx.data` (the step graph with reference functions) and
-  `model.ort.onnx` (+ data), the graph ORT optimised offline, which `OrtEngine` loads first;
-* inductor: manifest + a reference to the checkpoint + compile settings; `InductorEngine` compiles
-  at load time with its compiler cache inside the directory (inductor.py);
+  `model.ort.onnx` (+ data), the graph ORT optimised offline, which the ORT engine loads first;
+* inductor: the checkpoint's files under `weights/` (hard links where the filesystem allows, else
+  copies) + compile settings; the engine compiles at load time with its compiler cache inside the
+  directory (runtime/engines/inductor.py);
 * tensorrt: the ONNX export plus `engine.plan` built with our plugins (trt.py).
+
+The engines that run these directories are runtime/engines/; this package only writes them.
 """
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.models import manifest as mf
+from g4rt.models.checkpoint import checkpoint_files, load_model
+from g4rt.models.config import load_config
+from g4rt.models.layout import ALIGN, KVLayout, PageGeometry, torch_dtype
+from g4rt.models.paged import PagedStep
+from g4rt.models.tiny import resolve_model_dir as _resolve
 
-from . import manifest as mf
-from .onnx_export import DATA_FILE, MODEL_FILE, export_step
-from .ort_engine import OPTIMIZED_FILE, session_options
-
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-DEFAULT_ALIGN = 16  # PageGeometry.build's default, the runtime's choice
+ORT_OPTIMIZED_FILE = "model.ort.onnx"
+WEIGHTS_DIR = "weights"
+CACHE_DIR = "compile_cache"
 
 
 class BuildError(RuntimeError):
@@ -31,20 +38,19 @@ class BuildError(RuntimeError):
 
 
 def resolve_model_dir(spec: str | Path) -> Path:
-    from g4rt.models.tiny import resolve_model_dir as resolve
     try:
-        return resolve(spec)
+        return _resolve(spec)
     except FileNotFoundError as e:
         raise BuildError(str(e)) from None
 
 
-def geometry_for(cfg, dtype: str, page_tokens: int, align: int = DEFAULT_ALIGN) -> PageGeometry:
-    return PageGeometry.build(KVLayout.from_config(cfg, dtype), page_tokens, align)
+def _geometry(cfg, dtype: str, page_tokens: int) -> PageGeometry:
+    return PageGeometry.build(KVLayout.from_config(cfg, dtype), page_tokens, ALIGN)
 
 
 def _manifest(cfg, geometry, model_dir: Path, backend: str, dtype: str, page_tokens: int, **kw) -> dict:
     return mf.build_manifest(cfg, geometry, backend=backend, dtype=dtype, page_tokens=page_tokens,
-                             align=DEFAULT_ALIGN, name=model_dir.resolve().name, **kw)
+                             align=ALIGN, name=model_dir.resolve().name, **kw)
 
 
 def copy_tokenizer(model_dir: Path, out: Path) -> dict:
@@ -59,16 +65,18 @@ def copy_tokenizer(model_dir: Path, out: Path) -> dict:
 def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "float32", page_tokens: int = 16,
                 backend: str = "onnxruntime", bar: tqdm | None = None) -> dict:
     """Load the checkpoint once, export PagedStep(functional=True) to `out_dir`, write the manifest."""
-    from g4rt.models.checkpoint import load_model
-    from g4rt.models.paged import PagedStep
-
+    try:
+        from .onnx_export import DATA_FILE, MODEL_FILE, export_step
+    except ImportError as e:
+        raise BuildError(f"exporting ONNX needs the export extra (pip install 'g4rt[export]'): {e}") from None
     model_dir = resolve_model_dir(model_spec)
     out = Path(out_dir)
-    model = load_model(model_dir, dtype=DTYPES[dtype], device="cpu")
+    # Export traces on CPU with the reference kernels: the plugin nodes do not depend on them.
+    model = load_model(model_dir, dtype=torch_dtype(dtype), device="cpu", kernels="reference")
     cfg = model.config
-    geometry = geometry_for(cfg, dtype, page_tokens)
+    geometry = _geometry(cfg, dtype, page_tokens)
     _tick(bar, "export ONNX")
-    export_step(PagedStep(model, geometry, functional=True), geometry, out, DTYPES[dtype])
+    export_step(PagedStep(model, geometry, functional=True), geometry, out, torch_dtype(dtype))
     del model
     files = {"onnx": MODEL_FILE, "onnx_data": DATA_FILE, **copy_tokenizer(model_dir, out)}
     manifest = _manifest(cfg, geometry, model_dir, backend, dtype, page_tokens, files=files)
@@ -80,14 +88,49 @@ def optimize_for_ort(out_dir: str | Path) -> Path:
     """Let ORT run its graph optimisations once and save the result (inlined functions, fused ops),
     weights again as external data, so engine start-up skips that work."""
     import onnxruntime as ort
+
+    from .onnx_export import MODEL_FILE
     out = Path(out_dir)
-    so = session_options()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3  # the reference functions trigger harmless shape-merge warnings
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED  # portable across CPUs
-    so.optimized_model_filepath = str(out / OPTIMIZED_FILE)
-    so.add_session_config_entry("session.optimized_model_external_initializers_file_name", OPTIMIZED_FILE + ".data")
+    so.optimized_model_filepath = str(out / ORT_OPTIMIZED_FILE)
+    so.add_session_config_entry("session.optimized_model_external_initializers_file_name",
+                                ORT_OPTIMIZED_FILE + ".data")
     so.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
     ort.InferenceSession(str(out / MODEL_FILE), so, providers=["CPUExecutionProvider"])
-    return out / OPTIMIZED_FILE
+    return out / ORT_OPTIMIZED_FILE
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-link `src` to `dst` (no second copy of the weights on one filesystem), else copy it."""
+    dst.unlink(missing_ok=True)
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int) -> dict:
+    """The inductor engine directory: manifest, the checkpoint's files under weights/, an empty
+    compile cache. Compilation happens when the engine is opened (runtime/engines/inductor.py)."""
+    cfg = load_config(model_dir)
+    geometry = _geometry(cfg, dtype, page_tokens)
+    weights = out_dir / WEIGHTS_DIR
+    weights.mkdir(parents=True, exist_ok=True)
+    for src in [model_dir / "config.json", *sorted(set(checkpoint_files(model_dir).values()))]:
+        _link_or_copy(src, weights / src.name)
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        _link_or_copy(index, weights / index.name)
+    manifest = mf.build_manifest(
+        cfg, geometry, backend="inductor", dtype=dtype, page_tokens=page_tokens, align=ALIGN,
+        name=model_dir.resolve().name, profiles={"batch_buckets": "powers of two up to the largest batch"},
+        files={"weights": WEIGHTS_DIR, "compile_cache": CACHE_DIR, **copy_tokenizer(model_dir, out_dir)},
+        extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets"}})
+    (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
+    mf.write_manifest(out_dir, manifest)
+    return manifest
 
 
 def _tick(bar: tqdm | None, what: str) -> None:
@@ -104,15 +147,20 @@ def check_backend_available(backend: str) -> None:
     """Fail before any work when this machine cannot build `backend`."""
     if backend == "onnxruntime":
         try:
+            import onnx  # noqa: F401
             import onnxruntime  # noqa: F401
+            import onnxscript  # noqa: F401
         except ImportError as e:
             raise BuildError(f"backend onnxruntime needs the export extra (pip install 'g4rt[export]'): {e}")
     elif backend == "inductor":
         if not torch.cuda.is_available():
             raise BuildError("backend inductor builds a CUDA-graph engine and needs a CUDA GPU; none is visible here")
     elif backend == "tensorrt":
-        from .trt import require_tensorrt
-        require_tensorrt()
+        from g4rt.plugins.trt_plugins import TensorRTUnavailable, require_tensorrt
+        try:
+            require_tensorrt()
+        except TensorRTUnavailable as e:
+            raise BuildError(str(e)) from None
     else:
         raise BuildError(f"unknown backend {backend!r}; choose one of {', '.join(mf.BACKENDS)}")
 
@@ -127,15 +175,14 @@ def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: s
     steps = {"onnxruntime": 3, "inductor": 1, "tensorrt": 3}[backend]
     with tqdm(total=steps, desc="", disable=not progress, unit="step") as bar:
         if backend == "inductor":
-            from .inductor import write_inductor_engine
-            _tick(bar, "write inductor manifest")
+            _tick(bar, "write inductor engine")
             write_inductor_engine(resolve_model_dir(model_spec), out, dtype=dtype, page_tokens=page_tokens)
         else:
             manifest = export_onnx(model_spec, out, dtype=dtype, page_tokens=page_tokens, backend=backend, bar=bar)
             if backend == "onnxruntime":
                 _tick(bar, "optimize for ONNX Runtime")
                 optimize_for_ort(out)
-                manifest["files"]["ort_optimized"] = OPTIMIZED_FILE
+                manifest["files"]["ort_optimized"] = ORT_OPTIMIZED_FILE
             else:
                 from .trt import build_trt_engine
                 _tick(bar, "build TensorRT engine")
@@ -144,20 +191,3 @@ def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: s
         if not bar.disable:
             bar.update(bar.total - bar.n)
     return out
-
-
-def load_engine(engine_dir: str | Path, num_frames: int, **kw):
-    """The runtime's entry point: open any engine directory as an Engine, by its manifest's backend."""
-    backend = mf.read_manifest(engine_dir).get("backend")
-    if backend == "onnxruntime":
-        from .ort_engine import OrtEngine
-        return OrtEngine(engine_dir, num_frames, **kw)
-    if backend == "inductor":
-        from .inductor import InductorEngine
-        return InductorEngine.open(engine_dir, num_frames, **kw)
-    if backend == "tensorrt":
-        from .trt import TrtEngine
-        return TrtEngine(engine_dir, num_frames, **kw)
-    raise mf.ManifestError(f"{engine_dir}: manifest field 'backend' is {backend!r}, expected one of "
-                           f"{', '.join(mf.BACKENDS)}")
-

@@ -1,13 +1,13 @@
 """Export the step graph (`PagedStep(functional=True)`) to ONNX with the dynamo exporter.
 
-The graph's contract: inputs `arena` + `StepBatch.names()` (all metadata int32), outputs `logits`
-(float32 [R, V]) and `arena_out` (the arena after this step's KV writes; TensorRT aliases it to
-`arena`, ORT returns a new buffer that the runner feeds back). Tokens, sequences, pages of both
-groups, logit rows and frames are dynamic; frame_elems and every weight are fixed.
+The graph's contract is models/step.py's: inputs `INPUTS` (the arena, then the StepBatch fields, all
+metadata int32), outputs `OUTPUTS`: `logits` (float32 [R, V]) and `arena_out` (the arena after this
+step's KV writes; TensorRT aliases it to `arena`, ORT returns a new buffer that the runner feeds
+back). Its symbolic dims become the export's dynamic shapes; frame_elems and every weight are fixed.
 
 Custom ops become `gemma4::G4PagedAttention` / `gemma4::G4KVWrite` nodes through a
-`custom_translation_table` (needs the schemas of `schemas.py`), and their reference bodies from
-`functions.py` ride along as model-local functions so ONNX Runtime can run the file.
+`custom_translation_table` (needs the schemas of plugins/onnx_schemas.py), and their reference bodies from
+plugins/onnx_functions.py ride along as model-local functions so ONNX Runtime can run the file.
 
 Memory: the exporter traces with fake tensors and keeps each initializer as a reference to the
 module's parameter, and `ONNXProgram.save(external_data=True)` writes them one at a time, so the
@@ -21,23 +21,17 @@ from pathlib import Path
 import onnx
 import torch
 
+import g4rt.plugins.ops  # noqa: F401  (registers torch.ops.g4rt.*, which the step graph calls)
 from g4rt.models.layout import PageGeometry
-from g4rt.models.step import StepBatch
-
-from . import functions, schemas
+from g4rt.models.step import INPUTS, OUTPUTS, StepBatch, dim_symbol
+from g4rt.plugins import onnx_functions as functions
+from g4rt.plugins import onnx_schemas as schemas
 
 MODEL_FILE = "model.onnx"
 DATA_FILE = "model.onnx.data"
-OUTPUT_NAMES = ("logits", "arena_out")
 OPSET = 18
-# Bump when the step graph's inputs/outputs change meaning: recorded in every manifest.
-IO_CONTRACT_VERSION = 1
 
 log = logging.getLogger(__name__)
-
-
-def input_names() -> tuple[str, ...]:
-    return ("arena",) + StepBatch.names()
 
 
 # ---- custom op translations --------------------------------------------------------------------
@@ -53,33 +47,24 @@ def _opset():
     return _g4
 
 
+# `kernels` (which implementation traced the graph) is not part of the plugin node: see plugins/ops.py.
 def _paged_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset: int, v_offset: int,
-                     page_size: int, num_kv_heads: int, window_left: int, scale: float):
+                     page_size: int, num_kv_heads: int, window_left: int, scale: float, kernels: str):
     return _opset().G4PagedAttention(
         q, arena, cu_q, kv_lens, page_table, first_page, k_offset=k_offset, v_offset=v_offset,
         page_size=page_size, num_kv_heads=num_kv_heads, head_dim=int(q.shape[-1]), window_left=window_left,
         scale=float(scale), **schemas.plugin_attrs())
 
 
-def _kv_write(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int):
+def _kv_write(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int, kernels: str):
     return _opset().G4KVWrite(arena, k, v, slots, k_offset=k_offset, v_offset=v_offset, page_size=page_size,
                               **schemas.plugin_attrs())
 
 
 def translation_table() -> dict:
     """torch op overload -> onnxscript translation, for `torch.onnx.export(custom_translation_table=)`."""
-    ensure_ops()
     return {torch.ops.g4rt.paged_attention.default: _paged_attention,
             torch.ops.g4rt.kv_write.default: _kv_write}
-
-
-def ensure_ops() -> None:
-    """Import plugins.ops, which registers torch.ops.g4rt.* (the step graph calls them)."""
-    try:
-        import g4rt.plugins.ops  # noqa: F401
-    except ImportError:
-        if not hasattr(torch.ops.g4rt, "kv_write"):
-            raise
 
 
 # ---- tracing inputs ----------------------------------------------------------------------------
@@ -109,19 +94,24 @@ def example_batch(geometry: PageGeometry) -> StepBatch:
 EXAMPLE_FRAMES = 16
 
 
-def dynamic_shapes(max_tokens: int = 1 << 16, max_seqs: int = 1 << 12, max_pages: int = 1 << 16) -> tuple:
+# Export-time bounds of the symbolic dims (models/step.py); engines may narrow them (TensorRT profiles).
+DIM_MAX = {"frames": 1 << 24, "tokens": 1 << 16, "seqs": 1 << 12, "sliding_pages": 1 << 16,
+           "full_pages": 1 << 16, "rows": 1 << 16}
+
+
+def dynamic_shapes() -> tuple:
+    """One `{axis: Dim}` per input, from the contract's symbolic dims (static dims are left out)."""
     from torch.export import Dim
-    tokens = Dim("tokens", min=1, max=max_tokens)
-    seqs = Dim("seqs", min=1, max=max_seqs)
-    frames = Dim("frames", min=1, max=1 << 24)
-    s_pages = Dim("sliding_pages", min=1, max=max_pages)
-    f_pages = Dim("full_pages", min=1, max=max_pages)
-    rows = Dim("rows", min=1, max=max_tokens)
-    by_name = dict(
-        arena={0: frames}, token_ids={0: tokens}, positions={0: tokens}, cu_q={0: seqs + 1}, kv_lens={0: seqs},
-        sliding_table={0: seqs, 1: s_pages}, sliding_first={0: seqs}, sliding_slots={0: tokens},
-        full_table={0: seqs, 1: f_pages}, full_slots={0: tokens}, logits_rows={0: rows})
-    return tuple(by_name[n] for n in input_names())
+    dims = {name: Dim(name, min=1, max=hi) for name, hi in DIM_MAX.items()}
+    shapes = []
+    for name, axes in INPUTS.items():
+        spec = {}
+        for axis, dim in enumerate(axes):
+            sym, plus = dim_symbol(dim)
+            if sym in dims:
+                spec[axis] = dims[sym] + plus if plus else dims[sym]
+        shapes.append(spec)
+    return tuple(shapes)
 
 
 # ---- export ------------------------------------------------------------------------------------
@@ -137,7 +127,7 @@ def export_step(step: torch.nn.Module, geometry: PageGeometry, out_dir: str | Pa
     with torch.no_grad():
         prog = torch.onnx.export(
             step, (arena, *batch.tensors()), dynamo=True, external_data=True, opset_version=OPSET,
-            input_names=list(input_names()), output_names=list(OUTPUT_NAMES),
+            input_names=list(INPUTS), output_names=list(OUTPUTS),
             dynamic_shapes=dynamic_shapes(), custom_translation_table=translation_table(), optimize=True)
     path = out / MODEL_FILE
     for stale in (path, out / DATA_FILE):

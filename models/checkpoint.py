@@ -21,12 +21,13 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from .config import Gemma4Config, load_config
+from ..plugins.ops import default_kernels
+from .layout import torch_dtype
 from .model import Gemma4Model
 
 PREFIXES = ("model.language_model.", "model.")
 IGNORED_PREFIXES = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
 DEAD_SHARED = ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight")
-TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
 
 
 class CheckpointError(ValueError):
@@ -34,12 +35,11 @@ class CheckpointError(ValueError):
 
 
 def to_dtype(dtype: str | torch.dtype | None, cfg: Gemma4Config) -> torch.dtype:
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    name = dtype or cfg.dtype
-    if name not in TORCH_DTYPES:
-        raise CheckpointError(f"unsupported dtype {name!r} (use one of {', '.join(TORCH_DTYPES)})")
-    return TORCH_DTYPES[name]
+    """The weights' dtype: `dtype`, or the config's."""
+    try:
+        return torch_dtype(dtype or cfg.dtype)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
 
 
 def checkpoint_files(ckpt_dir: Path) -> dict[str, Path]:
@@ -114,9 +114,10 @@ def plan_load(cfg: Gemma4Config, files: dict[str, Path], expected: dict[str, tup
 
 
 @torch.no_grad()
-def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu") -> Gemma4Model:
+def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu",
+               kernels: str | None = None) -> Gemma4Model:
     """Build a `Gemma4Model` for `ckpt_dir/config.json` and fill it from the safetensors in `ckpt_dir`.
-    `model.config` is the parsed `Gemma4Config`."""
+    `model.config` is the parsed `Gemma4Config`; `kernels` as `Gemma4Model` takes it."""
     ckpt_dir = Path(ckpt_dir)
     cfg = load_config(ckpt_dir)
     model = Gemma4Model(cfg, dtype=to_dtype(dtype, cfg), device="meta")
@@ -135,13 +136,14 @@ def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, dev
         if head.shape != model.embed_tokens.weight.shape or not torch.equal(
                 head.to(model.embed_tokens.weight), model.embed_tokens.weight):
             raise CheckpointError("lm_head.weight: stored, but differs from embed_tokens.weight (config says tied)")
-    return _ready(model)
+    return _ready(model, device, kernels)
 
 
-def _ready(model: Gemma4Model) -> Gemma4Model:
-    """Eval mode; on CUDA, q/k/v packed into one matmul (Attention.pack_qkv), which the eager and the
-    compiled engine then share."""
+def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
+    """Eval mode, kernels for the final device; on CUDA, q/k/v packed into one matmul
+    (Attention.pack_qkv), which the eager and the compiled engine then share."""
     model.eval()
+    model.set_kernels(kernels or default_kernels(device))
     if next(model.parameters()).is_cuda:
         model.pack_qkv()
     return model
@@ -195,7 +197,7 @@ def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     shapes = Gemma4Model(cfg, dtype=torch.float32, device="meta").state_dict()
-    tensors = {f"model.{name}": _random_tensor(name, t.shape, cfg, g).to(TORCH_DTYPES[dtype]).contiguous()
+    tensors = {f"model.{name}": _random_tensor(name, t.shape, cfg, g).to(torch_dtype(dtype)).contiguous()
                for name, t in shapes.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, dtype), indent=2) + "\n")
@@ -203,7 +205,8 @@ def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 
 
 
 @torch.no_grad()
-def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0) -> Gemma4Model:
+def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
+                 kernels: str | None = None) -> Gemma4Model:
     """A model with seeded random weights drawn directly on `device` (same init rules as
     `write_random_checkpoint`). GPU benchmarks of the published sizes use it: a 31B checkpoint file
     would be 61 GB written and read back for nothing."""
@@ -213,4 +216,4 @@ def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=
     g = torch.Generator(device=device).manual_seed(seed)
     for name, t in model.state_dict(keep_vars=True).items():
         t.copy_(_random_tensor(name, t.shape, cfg, g))
-    return _ready(model)
+    return _ready(model, device, kernels)

@@ -20,9 +20,31 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch
+
 from .config import Gemma4Config
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+# The dtypes weights, activations and the KV arena may have, by the names configs and manifests use.
+# The one table of them; sizes come from `torch.dtype.itemsize`.
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+PAGE_TOKENS = 16  # positions per sliding page: the runtime's default
+ALIGN = 16  # full-group pages are a multiple of this many positions (kernel tiles never straddle one)
+
+
+def torch_dtype(dtype: "str | torch.dtype") -> torch.dtype:
+    """A dtype name ("bfloat16") or torch dtype -> the torch dtype; unknown names are an error naming them."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+        return dtype
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def dtype_name(dtype: "str | torch.dtype") -> str:
+    """The name configs and manifests use for `dtype` ("bfloat16")."""
+    return str(torch_dtype(dtype)).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -75,10 +97,13 @@ class KVLayout:
     layers: tuple[LayerKV, ...]
     sliding: CacheGroup
     full: CacheGroup
+    dtype: str  # the KV dtype's name
 
     @classmethod
-    def from_config(cls, cfg: Gemma4Config, dtype: str | None = None) -> "KVLayout":
-        nbytes = DTYPE_BYTES[dtype or cfg.dtype]
+    def from_config(cls, cfg: Gemma4Config, dtype: "str | torch.dtype | None" = None) -> "KVLayout":
+        """The layout of `cfg` with KV in `dtype` (default: the config's dtype)."""
+        dtype = dtype_name(dtype or cfg.dtype)
+        nbytes = torch_dtype(dtype).itemsize
         layers = tuple(
             LayerKV(
                 index=i,
@@ -106,7 +131,7 @@ class KVLayout:
                 dtype_bytes=nbytes,
             )
 
-        return cls(cfg, layers, group(True), group(False))
+        return cls(cfg, layers, group(True), group(False), dtype)
 
     @property
     def groups(self) -> tuple[CacheGroup, CacheGroup]:
@@ -135,7 +160,9 @@ class PageGeometry:
     offsets: dict  # layer index (owning) -> (k_offset, v_offset) inside a frame
 
     @classmethod
-    def build(cls, layout: KVLayout, page_tokens: int = 16, align: int = 16) -> "PageGeometry":
+    def build(cls, layout: KVLayout, page_tokens: int = PAGE_TOKENS, align: int = ALIGN) -> "PageGeometry":
+        """The one constructor: `PageGeometry.build(KVLayout.from_config(cfg, dtype), page_tokens)`, or
+        `PageGeometry.build(model.layout, page_tokens)` for a model in memory (its layout has its dtype)."""
         if page_tokens <= 0 or align <= 0:
             raise ValueError("page_tokens and align must be positive")
         align = min(align, page_tokens)

@@ -1,7 +1,7 @@
 """The Gemma 4 text decoder as one plain torch module (gpt-fast style).
 
-Semantics follow Hugging Face's `Gemma4ForCausalLM` (transformers 5.24, see
-/work/shared/research/gemma4-spec.md) exactly, including its dtype behaviour: the residual stream
+Semantics follow Hugging Face's `Gemma4ForCausalLM` (transformers 5.24; the research notes'
+gemma4-spec.md) exactly, including its dtype behaviour: the residual stream
 stays in the model dtype, norms compute in fp32 and cast back, RoPE cos/sin are cast to the model
 dtype before they are applied, and the final softcap runs in the model dtype.
 
@@ -20,6 +20,10 @@ k_proj/v_proj/k_norm (their checkpoint copies are dead weights, spec §2.4).
 
 Construct with the final dtype and device (`Gemma4Model(cfg, dtype=..., device=...)`) instead of
 calling `.to(dtype)` afterwards: the RoPE inverse frequencies are fp32 buffers and must stay fp32.
+
+Kernels: every module that runs an elementwise block or a plugin op reads its `kernels` attribute
+("triton" or "reference", plugins/ops.py); `Gemma4Model(kernels=...)` or `model.set_kernels(...)`
+sets it on all of them at once (default: Triton on CUDA, the reference elsewhere).
 """
 from __future__ import annotations
 
@@ -29,8 +33,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..plugins import ops, reference
-from ..plugins.reference import apply_rope
+from ..plugins.ops import check_kernels, default_kernels
+from .blocks import apply_rope, block
 from .config import Gemma4Config
 from .layout import KVLayout, LayerKV
 
@@ -38,29 +42,11 @@ from .layout import KVLayout, LayerKV
 AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]], torch.Tensor]
 
 
-# The elementwise blocks. Where the plugins run Triton (CUDA, or G4RT_KERNELS=triton) each is one
-# kernel behind an opaque custom op, which the eager and the compiled engine both call, so they compute
-# the same bits (plugins/triton_norm.py says why that needs kernels). Elsewhere, torch.export on CPU
-# included, the plain torch reference runs.
-
-def _block(name: str, *args):
-    """Elementwise block `name`: the custom op where the plugins run Triton, else the torch reference."""
-    return getattr(torch.ops.g4rt if ops.use_triton(args[0]) else reference, name)(*args)
-
-
-def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gate) * up: the gated activation of the MLP, the experts and the PLE gate."""
-    return _block("gelu_tanh_mul", gate, up)
-
-
-def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, post: "RMSNorm", pre: "RMSNorm"):
-    """(h, pre(h)) with h = residual + post(x): a post-norm residual step and the next pre-norm."""
-    return _block("add_rms_norm", residual, x, post.weight, pre.weight, post.eps)
-
-
 class RMSNorm(nn.Module):
-    """Gemma 4 RMSNorm (`plugins.reference.rms_norm`): fp32 math, times the plain `weight`, cast back.
+    """Gemma 4 RMSNorm (`blocks.rms_norm`): fp32 math, times the plain `weight`, cast back.
     `with_scale=False` (v_norm, router.norm) has no weight at all."""
+
+    kernels = "reference"
 
     def __init__(self, dim: int, eps: float, with_scale: bool = True, dtype=None, device=None):
         super().__init__()
@@ -68,7 +54,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim, dtype=dtype, device=device)) if with_scale else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _block("rms_norm", x, self.weight, self.eps)
+        return block("rms_norm", self.kernels, x, self.weight, self.eps)
 
 
 def _linear(n_in: int, n_out: int, dtype, device) -> nn.Linear:
@@ -99,6 +85,8 @@ def rope_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.d
 
 
 class Attention(nn.Module):
+    kernels = "reference"
+
     def __init__(self, cfg: Gemma4Config, kv: LayerKV, dtype, device):
         super().__init__()
         self.kv = kv
@@ -138,8 +126,9 @@ class Attention(nn.Module):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
         if self.qkv_weight is not None:  # one matmul, then norms and RoPE of all three in one block
-            return _block("qkv_norm_rope", F.linear(x, self.qkv_weight), self.q_norm.weight, self.k_norm.weight,
-                          self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads, self.v_proj is None)
+            return block("qkv_norm_rope", self.kernels, F.linear(x, self.qkv_weight), self.q_norm.weight,
+                         self.k_norm.weight, self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads,
+                         self.v_proj is None)
         q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
         if self.k_proj is None:
             return q, None, None
@@ -150,6 +139,8 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
+    kernels = "reference"
+
     def __init__(self, hidden: int, inter: int, dtype, device):
         super().__init__()
         self.gate_proj = _linear(hidden, inter, dtype, device)
@@ -157,7 +148,7 @@ class MLP(nn.Module):
         self.down_proj = _linear(inter, hidden, dtype, device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(gelu_tanh_mul(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(block("gelu_tanh_mul", self.kernels, self.gate_proj(x), self.up_proj(x)))
 
 
 class Router(nn.Module):
@@ -194,6 +185,7 @@ class Experts(nn.Module):
     """
 
     static = False
+    kernels = "reference"
 
     def __init__(self, cfg: Gemma4Config, dtype, device):
         super().__init__()
@@ -203,7 +195,7 @@ class Experts(nn.Module):
 
     def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
         gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(gelu_tanh_mul(gate, up), self.down_proj[e])
+        return F.linear(block("gelu_tanh_mul", self.kernels, gate, up), self.down_proj[e])
 
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         out = torch.zeros_like(x)
@@ -220,6 +212,8 @@ class Experts(nn.Module):
 
 
 class DecoderLayer(nn.Module):
+    kernels = "reference"
+
     def __init__(self, cfg: Gemma4Config, kv: LayerKV, dtype, device):
         super().__init__()
         H, eps = cfg.hidden_size, cfg.rms_norm_eps
@@ -258,8 +252,10 @@ class DecoderLayer(nn.Module):
         return self.self_attn.project(self.input_layernorm(h), cos, sin)
 
     def after_attention(self, h, o, ple):
-        h, x = add_rms_norm(h, self.self_attn.o_proj(o.reshape(o.shape[0], -1)), self.post_attention_layernorm,
-                            self.pre_feedforward_layernorm)
+        post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
+        # (h, pre(h)) with h = residual + post(o_proj(o)): a post-norm residual step and the next pre-norm.
+        h, x = block("add_rms_norm", self.kernels, h, self.self_attn.o_proj(o.reshape(o.shape[0], -1)), post.weight,
+                     pre.weight, post.eps)
         m = self.mlp(x)
         if self.has_moe:
             # The dense MLP is the shared expert; router and experts read the un-normed residual.
@@ -269,7 +265,7 @@ class DecoderLayer(nn.Module):
         h = h + self.post_feedforward_layernorm(m)
 
         if self.has_ple:
-            g = gelu_tanh_mul(self.per_layer_input_gate(h), ple)
+            g = block("gelu_tanh_mul", self.kernels, self.per_layer_input_gate(h), ple)
             h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
         return h * self.layer_scalar
 
@@ -282,10 +278,13 @@ def _round_to(x: float, dtype: torch.dtype) -> float:
 class Gemma4Model(nn.Module):
     """The text decoder. `forward` -> pre-norm hidden [T, H]; `logits(hidden rows)` -> fp32 logits."""
 
-    def __init__(self, cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=None):
+    kernels = "reference"
+
+    def __init__(self, cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=None,
+                 kernels: str | None = None):
         super().__init__()
         self.config = cfg
-        self.layout = KVLayout.from_config(cfg)
+        self.layout = KVLayout.from_config(cfg, dtype)  # the KV arena holds the model's dtype
         self.dtype = dtype
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H, dtype=dtype, device=device)
@@ -299,6 +298,15 @@ class Gemma4Model(nn.Module):
         self.register_buffer("sliding_inv_freq", torch.empty(cfg.head_dim // 2, device=device), persistent=False)
         self.register_buffer("full_inv_freq", torch.empty(cfg.global_head_dim // 2, device=device), persistent=False)
         self.reset_rope()
+        self.set_kernels(kernels or default_kernels(device or "cpu"))
+
+    def set_kernels(self, kernels: str) -> "Gemma4Model":
+        """Run every elementwise block and plugin op of this model with `kernels` ("triton"|"reference")."""
+        check_kernels(kernels)
+        for m in self.modules():
+            if hasattr(m, "kernels"):
+                m.kernels = kernels
+        return self
 
     def reset_rope(self) -> None:
         """(Re)compute the fp32 RoPE tables; the checkpoint loader calls this after `to_empty`."""

@@ -8,7 +8,7 @@ the sliding page table / first page / slots, full layers the full ones with firs
 
 The graph has no host syncs and no data-dependent Python control flow outside the MoE experts loop,
 so it is what torch.compile, torch.export and the ONNX exporter trace. Layer constants (offsets,
-page size, head counts, window) are Python ints baked into the graph.
+page size, head counts, window) and the model's `kernels` choice are constants baked into the graph.
 """
 from __future__ import annotations
 
@@ -42,17 +42,18 @@ class PagedStep(nn.Module):
         groups = {True: (sliding_table, sliding_first, sliding_slots, geo.page_tokens["sliding"]),
                   False: (full_table, full_first, full_slots, geo.page_tokens["full"])}
         state = {"arena": arena}
+        kernels = self.model.kernels
 
         def attention(layer: LayerKV, q, k, v):
             table, first, slots, page = groups[layer.sliding]
             k_off, v_off = geo.layer_offsets(layer.index)
             if k is not None:
                 if self.functional:
-                    state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page)
+                    state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page, kernels)
                 else:
-                    torch.ops.g4rt.kv_write_(state["arena"], k, v, slots, k_off, v_off, page)
+                    torch.ops.g4rt.kv_write_(state["arena"], k, v, slots, k_off, v_off, page, kernels)
             return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, k_off, v_off,
-                                                  page, layer.num_kv_heads, window_left(layer.window), 1.0)
+                                                  page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
 
         hidden = self.model(token_ids, positions, attention)
         logits = self.model.logits(hidden.index_select(0, logits_rows.long()))

@@ -1,9 +1,8 @@
-"""The two ops every backend shares (see README.md): `paged_attention` and `kv_write`.
+"""The ops every backend shares (see README.md): `paged_attention` and `kv_write`.
 
-Importing this package registers `torch.ops.g4rt.{paged_attention, kv_write_, kv_write}` (and the
-model's CUDA blocks `rms_norm`, `gelu_tanh_mul`, README.md says why); the plain Python API is
-`plugins.ops`. `window_left(W)` is the one place Gemma's window W becomes the
-kernels' inclusive distance W - 1.
+Importing this package registers `torch.ops.g4rt.{paged_attention, kv_write_, kv_write}`; the plain
+Python API is `plugins.ops`. `window_left(W)` is the one place Gemma's window W becomes the kernels'
+inclusive distance W - 1.
 """
 from .reference import attend, window_left
 from . import ops

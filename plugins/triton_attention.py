@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .reference import pow2_bucket
+from .buckets import pow2_bucket
 
 LOG2E = 1.4426950408889634
 
@@ -155,7 +155,7 @@ def _sm_count(index: int) -> int:
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
-    From the H200 sweep (plugins/bench.py, torch 2.11 / triton 3.6), for 2-byte inputs: prefill D=256
+    From the H200 sweep (bench/kernels.py, torch 2.11 / triton 3.6), for 2-byte inputs: prefill D=256
     128x64/8 warps 308 TFLOP/s (64x32/4: 256); D=512 64x32/8 warps/1 stage 149 TFLOP/s (larger tiles
     exceed smem); decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
     fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved:

@@ -4,11 +4,12 @@
 Why kernels for such simple math: the eager and the compiled engine must compute the same bits.
 Inductor fuses `x.pow(2).mean()` into a reduction of its own, summed in another order than
 ATen's, and one flipped bf16 bit in a norm output is enough to change a greedy token many layers
-later. As opaque custom ops (ops.py) these kernels run in both engines, so the compiled graph only
+later. As opaque custom ops (`g4rt::rms_norm` etc., registered at the end of this module) these
+kernels run in both engines, so the compiled graph only
 fuses what it can round exactly as eager does (adds, scales, RoPE under `emulate_precision_casts`).
 They are also one launch each where eager ATen needs five or six.
 
-Numerics match `plugins.reference` up to rounding of the last fp32 bit before the cast back (the
+Numerics match the references in models/blocks.py up to rounding of the last fp32 bit before the cast back (the
 sum order differs); tests/test_plugins_norm.py bounds the difference at one bf16 ulp.
 """
 from __future__ import annotations
@@ -41,7 +42,7 @@ def _row_warps(block: int) -> int:
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
-    """RMSNorm over the last dim, fp32 math, output (contiguous) in x's dtype (see reference.rms_norm)."""
+    """RMSNorm over the last dim, fp32 math, output (contiguous) in x's dtype (see models.blocks.rms_norm)."""
     D = x.shape[-1]
     x2 = x.contiguous().view(-1, D)
     out = torch.empty_like(x2)
@@ -119,7 +120,7 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
 
 def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool):
-    """See reference.qkv_norm_rope: one launch, grid (tokens, q + k + v heads), for the q/k/v norms and RoPE."""
+    """See models.blocks.qkv_norm_rope: one launch, grid (tokens, q + k + v heads), for the q/k/v norms and RoPE."""
     T, D = qkv.shape[0], cos.shape[-1]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
@@ -150,7 +151,7 @@ def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, ow_ptr, h_ptr, out_ptr, eps, D:
 
 def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """See reference.add_rms_norm: one launch per token row for norm, residual add and the next norm."""
+    """See models.blocks.add_rms_norm: one launch per token row for norm, residual add and the next norm."""
     D = x.shape[-1]
     residual, x = residual.contiguous(), x.contiguous()
     h, out = torch.empty_like(residual), torch.empty_like(residual)
@@ -160,3 +161,50 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
         _add_rms_norm_kernel[(rows,)](residual, x, x_weight, out_weight, h, out, float(eps), D=D, BLOCK=block,
                                       num_warps=_row_warps(block))
     return h, out
+
+
+# ---- the kernels as opaque custom ops: one node each for torch.compile, run by eager and compiled alike ----
+
+@torch.library.custom_op("g4rt::rms_norm", mutates_args=())
+def _rms_norm_op(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    return rms_norm(x, weight, eps)
+
+
+@_rms_norm_op.register_fake
+def _(x, weight, eps):
+    return torch.empty_like(x)
+
+
+@torch.library.custom_op("g4rt::gelu_tanh_mul", mutates_args=())
+def _gelu_tanh_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return gelu_tanh_mul(gate, up)
+
+
+@_gelu_tanh_mul_op.register_fake
+def _(gate, up):
+    return torch.empty_like(gate)
+
+
+@torch.library.custom_op("g4rt::qkv_norm_rope", mutates_args=())
+def _qkv_norm_rope_op(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float,
+                      cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int, num_kv_heads: int,
+                      k_eq_v: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return tuple(t.contiguous() for t in qkv_norm_rope(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads,
+                                                       num_kv_heads, k_eq_v))
+
+
+@_qkv_norm_rope_op.register_fake
+def _(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v):
+    T, D = qkv.shape[0], cos.shape[-1]
+    return qkv.new_empty(T, num_q_heads, D), qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
+
+
+@torch.library.custom_op("g4rt::add_rms_norm", mutates_args=())
+def _add_rms_norm_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return add_rms_norm(residual, x, x_weight, out_weight, eps)
+
+
+@_add_rms_norm_op.register_fake
+def _(residual, x, x_weight, out_weight, eps):
+    return torch.empty_like(residual), torch.empty_like(residual)

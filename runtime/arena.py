@@ -10,17 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from g4rt.models.layout import PageGeometry
-
-_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def torch_dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    if name not in _TORCH_DTYPES:
-        raise ValueError(f"dtype must be one of {', '.join(_TORCH_DTYPES)}, got {name!r}")
-    return _TORCH_DTYPES[name]
+from g4rt.models.layout import PageGeometry, torch_dtype
 
 
 def frames_in_budget(budget_bytes: int, frame_bytes: int) -> int:
@@ -81,12 +71,13 @@ class Arena:
             self.tensor = torch.zeros(num_frames, frame_elems, dtype=self.dtype, device=self.device)
 
     @classmethod
-    def for_geometry(cls, geometry: PageGeometry, num_frames: int, dtype="float32", device="cpu") -> "Arena":
-        return cls(num_frames, geometry.frame_elems, dtype, device)
+    def for_geometry(cls, geometry: PageGeometry, num_frames: int, device="cpu") -> "Arena":
+        """An arena of `num_frames` frames of `geometry`, in its KV dtype."""
+        return cls(num_frames, geometry.frame_elems, geometry.layout.dtype, device)
 
     @property
     def frame_bytes(self) -> int:
-        return self.frame_elems * torch.empty((), dtype=self.dtype).element_size()
+        return self.frame_elems * self.dtype.itemsize
 
     @property
     def nbytes(self) -> int:

@@ -3,7 +3,7 @@
 One `LLM` owns a frame pool, a scheduler and an engine. The engine is the only thing that differs
 between the paged path (`EagerEngine`, or a compiled engine with the same `step`) and the linear
 reference (`LinearEngine`); the scheduler and its step batches are identical, which is what makes
-paged-vs-linear byte equality a meaningful test (engine.py says why).
+paged-vs-linear byte equality a meaningful test (engines/eager.py says why).
 """
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.models.layout import PageGeometry
 
 from .arena import Arena, frames_in_budget
-from .engine import EagerEngine, Engine, LinearEngine
+from .engines import Engine
+from .engines.eager import EagerEngine, LinearEngine
 from .pages import FramePool
 from .sampling import Sampler, SamplingParams
 from .scheduler import Scheduler, SchedulerConfig, Sequence
@@ -56,31 +57,29 @@ class LLM:
         self._pending: dict[int, Sequence] = {}
 
     # ---- constructors ------------------------------------------------------------------------
-    @staticmethod
-    def geometry_for(model, page_tokens: int = 16, dtype: str | None = None) -> PageGeometry:
-        dtype = dtype or str(next(model.parameters()).dtype).removeprefix("torch.")
-        return PageGeometry.build(KVLayout.from_config(model.config, dtype), page_tokens)
-
     @classmethod
     def paged(cls, model, *, num_frames: int | None = None, kv_memory_bytes: int | None = None,
-              page_tokens: int = 16, device=None, **kw) -> "LLM":
+              page_tokens: int = 16, device=None, kernels: str | None = None, **kw) -> "LLM":
         """The eager paged engine on the model's device, with an arena of `num_frames` frames
-        (or as many as fit in `kv_memory_bytes`)."""
+        (or as many as fit in `kv_memory_bytes`); `kernels` ("triton"|"reference") overrides the
+        model's choice (`Gemma4Model.set_kernels`)."""
         p = next(model.parameters())
-        geometry = cls.geometry_for(model, page_tokens)
+        if kernels is not None:
+            model.set_kernels(kernels)
+        geometry = PageGeometry.build(model.layout, page_tokens)
         if num_frames is None:
             if kv_memory_bytes is None:
                 raise ValueError("give num_frames or kv_memory_bytes for the KV arena")
             num_frames = frames_in_budget(kv_memory_bytes, geometry.frame_bytes())
             if num_frames == 0:
                 raise ValueError(f"kv_memory_bytes {kv_memory_bytes} holds no frame of {geometry.frame_bytes()} B")
-        arena = Arena.for_geometry(geometry, num_frames, p.dtype, device or p.device)
+        arena = Arena.for_geometry(geometry, num_frames, device or p.device)
         return cls(EagerEngine(model, geometry, arena), num_frames, eos_ids=model.config.eos_token_ids, **kw)
 
     @classmethod
     def reference(cls, model, *, num_frames: int, page_tokens: int = 16, **kw) -> "LLM":
         """The linear-cache reference behind the same scheduler (`num_frames` only paces admission)."""
-        geometry = cls.geometry_for(model, page_tokens)
+        geometry = PageGeometry.build(model.layout, page_tokens)
         return cls(LinearEngine(model, geometry), num_frames, eos_ids=model.config.eos_token_ids, **kw)
 
     # ---- requests ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from g4rt.models.config import Gemma4Config
-from g4rt.models.layout import DTYPE_BYTES, KVLayout, PageGeometry
+from g4rt.models.layout import KVLayout, PageGeometry, torch_dtype
 
 from .admission import promise_for
 
@@ -70,7 +70,7 @@ class Plan:
 
     @property
     def weight_bytes(self) -> int:
-        return self.params.total * DTYPE_BYTES[self.dtype]
+        return self.params.total * torch_dtype(self.dtype).itemsize
 
     def request_bytes(self, keep_all: bool) -> int:
         return self.layout.request_bytes(self.context, keep_all=keep_all, chunk=1 if keep_all else self.chunk)

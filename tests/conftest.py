@@ -34,6 +34,16 @@ TINY_VARIANTS = {
                 attention_k_eq_v=True),
 }
 
+@pytest.fixture(scope="session", autouse=True)
+def model_cache(tmp_path_factory):
+    """Every test (and every subprocess one starts) builds and finds the tiny model in a temporary
+    cache, never in the user's home (`models.tiny.default_tiny_dir` reads G4RT_HOME)."""
+    with pytest.MonkeyPatch.context() as mp:
+        home = tmp_path_factory.mktemp("g4rt_home")
+        mp.setenv("G4RT_HOME", str(home))
+        yield home
+
+
 def tiny_config(variant: str, **overrides) -> Gemma4Config:
     return Gemma4Config(**{**_COMMON, **TINY_VARIANTS[variant], **overrides})
 

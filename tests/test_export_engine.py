@@ -15,19 +15,18 @@ import textwrap
 import pytest
 import torch
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("g4rt.models.paged", reason="models/paged.py (PagedStep) not available yet")
+from conftest import hf_generate, load_hf, tiny_config
 
-from conftest import hf_generate, load_hf, tiny_config  # noqa: E402
-
-from g4rt.export import manifest as mf  # noqa: E402
-from g4rt.export.build import build, geometry_for, load_engine  # noqa: E402
-from g4rt.export.onnx_export import MODEL_FILE, custom_nodes  # noqa: E402
-from g4rt.models.checkpoint import load_model, write_random_checkpoint  # noqa: E402
-from g4rt.runtime.admission import promise_for  # noqa: E402
-from g4rt.runtime.llm import LLM  # noqa: E402
-from g4rt.runtime.sampling import SamplingParams  # noqa: E402
-from g4rt.runtime.scheduler import SchedulerConfig  # noqa: E402
+from g4rt.export.build import build
+from g4rt.export.onnx_export import MODEL_FILE, custom_nodes
+from g4rt.models import manifest as mf
+from g4rt.models.checkpoint import load_model, write_random_checkpoint
+from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.runtime.admission import promise_for
+from g4rt.runtime.engines import open_engine
+from g4rt.runtime.llm import LLM
+from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.scheduler import SchedulerConfig
 
 PAGE = 4
 NEW_TOKENS = 6
@@ -44,6 +43,10 @@ def built(request, tmp_path_factory):
     return variant, ckpt, engine_dir
 
 
+def geometry_for(cfg, page_tokens: int) -> PageGeometry:
+    return PageGeometry.build(KVLayout.from_config(cfg, "float32"), page_tokens)
+
+
 def _frames(geometry) -> int:
     return sum(promise_for(geometry, len(p), NEW_TOKENS, SCHED.chunk).frames for p in PROMPTS)
 
@@ -52,13 +55,14 @@ def _generate(llm):
     return llm.generate(PROMPTS, SamplingParams(max_new_tokens=NEW_TOKENS))
 
 
+@pytest.mark.slow
 def test_ort_engine_matches_eager(built, report):
     variant, ckpt, engine_dir = built
     model = load_model(ckpt, dtype=torch.float32)
-    geometry = geometry_for(model.config, "float32", PAGE)
+    geometry = geometry_for(model.config, PAGE)
     frames = _frames(geometry)
     eager = LLM.paged(model, num_frames=frames, page_tokens=PAGE, config=SCHED, shuffle_seed=3, record_logits=True)
-    engine = load_engine(engine_dir, frames)
+    engine = open_engine(engine_dir, frames)
     assert engine.geometry == geometry
     ort_llm = LLM(engine, frames, SCHED, eos_ids=(), shuffle_seed=3, record_logits=True)
     want, got = _generate(eager), _generate(ort_llm)
@@ -76,6 +80,7 @@ def test_ort_engine_matches_eager(built, report):
         assert hf_generate(hf, prompt, NEW_TOKENS)[2] == b.token_ids, f"{variant}: ORT tokens differ from HF"
 
 
+@pytest.mark.slow
 def test_export_graph_contract(built):
     variant, ckpt, engine_dir = built
     import onnx
@@ -90,17 +95,18 @@ def test_export_graph_contract(built):
     assert (engine_dir / "model.onnx.data").stat().st_size > 0  # weights stored externally
 
 
+@pytest.mark.slow
 def test_manifest_refuses_mismatch(built, tmp_path):
     variant, ckpt, engine_dir = built
     cfg = load_model(ckpt, dtype=torch.float32).config
     mf.check_manifest(engine_dir, backend="onnxruntime", dtype="float32", config=cfg,
-                      geometry=geometry_for(cfg, "float32", PAGE))
+                      geometry=geometry_for(cfg, PAGE))
     with pytest.raises(mf.ManifestError, match="'dtype'"):
         mf.check_manifest(engine_dir, dtype="bfloat16")
     with pytest.raises(mf.ManifestError, match="'backend'"):
         mf.check_manifest(engine_dir, backend="tensorrt")
     with pytest.raises(mf.ManifestError, match="geometry.page_tokens"):
-        mf.check_manifest(engine_dir, geometry=geometry_for(cfg, "float32", 2 * PAGE))
+        mf.check_manifest(engine_dir, geometry=geometry_for(cfg, 2 * PAGE))
     other = tiny_config(variant, vocab_size=cfg.vocab_size + 1)
     with pytest.raises(mf.ManifestError, match="config_hash"):
         mf.check_manifest(engine_dir, config=other)
@@ -111,13 +117,13 @@ def test_manifest_refuses_mismatch(built, tmp_path):
     m["op_schema_version"] += 1
     mf.write_manifest(stale, m)
     with pytest.raises(mf.ManifestError, match="op_schema_version"):
-        load_engine(stale, 4)
+        open_engine(stale, 4)
 
 
 _RSS_SCRIPT = textwrap.dedent("""
     import json, sys, threading, time
     import torch, onnx, onnxruntime, onnxscript  # baseline includes every library the export uses
-    import g4rt.export.build as b, g4rt.models.paged, g4rt.models.checkpoint
+    import g4rt.export.build as b, g4rt.export.onnx_export, g4rt.models.paged, g4rt.models.checkpoint
 
     def anon():  # anonymous resident memory: materialised tensors, not the mmap'd safetensors pages
         for line in open("/proc/self/status"):
@@ -137,6 +143,7 @@ _RSS_SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/status")
 def test_export_keeps_weights_once(tmp_path, report):
     """~300 MiB of float32 weights, no tensor over 5% of them (each is copied once, briefly, while it is written): the peak of anonymous RSS over the import baseline (sampled every
@@ -171,10 +178,10 @@ def test_tensorrt_build_error_is_clear_when_absent(tmp_path):
 
 
 def test_inductor_engine_directory_is_complete(tmp_path):
-    """An inductor engine directory (written here without a GPU: the compile happens at load) names its
-    weights and cache, carries the tokenizer so `generate --engine DIR --prompt TEXT` works, and its
-    manifest passes the runtime's check. (The first H200 build lacked the tokenizer.)"""
-    from g4rt.export.inductor import write_inductor_engine
+    """An inductor engine directory (written here without a GPU: the compile happens at load) holds its
+    weights and cache under relative paths, carries the tokenizer so `generate --engine DIR --prompt
+    TEXT` works, and its manifest passes the runtime's check."""
+    from g4rt.export.build import write_inductor_engine
     from g4rt.models.tiny import ensure_tiny
 
     model_dir = ensure_tiny()
@@ -184,4 +191,9 @@ def test_inductor_engine_directory_is_complete(tmp_path):
     assert (out / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
     assert manifest["files"]["tokenizer"] == "tokenizer.json"
     assert (out / manifest["files"]["compile_cache"]).is_dir()
-    assert mf.check_manifest(out, backend="inductor")["files"]["weights"] == str(model_dir.resolve())
+    m = mf.check_manifest(out, backend="inductor")
+    weights = mf.resolve_file(out, m, "weights")
+    assert weights.parent == out and (weights / "model.safetensors").read_bytes() == \
+        (model_dir / "model.safetensors").read_bytes()
+    assert (weights / "config.json").is_file()
+    assert load_model(weights).config == load_model(model_dir).config

@@ -9,21 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-onnx = pytest.importorskip("onnx")
-ort = pytest.importorskip("onnxruntime")
+import onnx
+import onnxruntime as ort
 
-from g4rt.export import functions, schemas  # noqa: E402
-
-
-def _ops_ready() -> bool:
-    try:
-        import g4rt.plugins.ops  # noqa: F401  (registers torch.ops.g4rt.*)
-    except ImportError:
-        pass
-    return hasattr(torch.ops, "g4rt") and hasattr(torch.ops.g4rt, "kv_write")
-
-
-pytestmark = pytest.mark.skipif(not _ops_ready(), reason="plugins.ops (torch.ops.g4rt) not available")
+import g4rt.plugins.ops  # noqa: F401  (registers torch.ops.g4rt.*)
+from g4rt.plugins import onnx_functions as functions
+from g4rt.plugins import onnx_schemas as schemas
 
 _ONNX_TYPE = {torch.float32: onnx.TensorProto.FLOAT, torch.float16: onnx.TensorProto.FLOAT16,
               torch.int32: onnx.TensorProto.INT32}
@@ -74,7 +65,7 @@ def test_paged_attention_function_matches_op(d, hq, hkv, window, first_pages, dt
     inputs, (k_off, v_off) = _case(1, hq=hq, hkv=hkv, d=d, page=page, q_lens=(3, 1, 2), kv_lens=(5, 11, 7),
                                    first_pages=first_pages, frames=12, dtype=dtype)
     wl = window_left(window)
-    want = torch.ops.g4rt.paged_attention(*inputs.values(), k_off, v_off, page, hkv, wl, 1.0)
+    want = torch.ops.g4rt.paged_attention(*inputs.values(), k_off, v_off, page, hkv, wl, 1.0, "reference")
     got = _run_node(schemas.PAGED_ATTENTION, inputs, "out", dict(
         k_offset=k_off, v_offset=v_off, page_size=page, num_kv_heads=hkv, head_dim=d, window_left=wl, scale=1.0))
     err = np.abs(got.astype(np.float32) - want.float().numpy()).max()
@@ -104,7 +95,7 @@ def test_kv_write_function_matches_op(dtype, d, hkv):
     slots = torch.tensor([7, -1, 0, 19, 12, -1], dtype=torch.int32)  # shuffled frames, two skipped rows
     k = torch.randn(len(slots), hkv, d, generator=g).to(dtype)
     v = torch.randn(len(slots), hkv, d, generator=g).to(dtype)
-    want = torch.ops.g4rt.kv_write(arena, k, v, slots, block, 2 * block, page)
+    want = torch.ops.g4rt.kv_write(arena, k, v, slots, block, 2 * block, page, "reference")
     got = _run_node(schemas.KV_WRITE, dict(arena=arena, k=k, v=v, slots=slots), "arena_out",
                     dict(k_offset=block, v_offset=2 * block, page_size=page))
     assert not torch.equal(want, arena)  # the case really writes something

@@ -19,14 +19,15 @@ if _why:
 def test_tiny_trt_engine_builds_and_matches_ort(tmp_path):
     from conftest import tiny_config
 
-    from g4rt.export.build import build, load_engine
+    from g4rt.export.build import build
+    from g4rt.runtime.engines import open_engine
     from g4rt.export.onnx_export import example_batch
     from g4rt.models.checkpoint import write_random_checkpoint
 
     ckpt = write_random_checkpoint(tiny_config("31b"), tmp_path / "ckpt", seed=1, dtype="float32")
     trt_dir = build(ckpt, "tensorrt", tmp_path / "trt", dtype="float32", page_tokens=4, progress=False)
     ort_dir = build(ckpt, "onnxruntime", tmp_path / "ort", dtype="float32", page_tokens=4, progress=False)
-    trt_engine, ort_engine = load_engine(trt_dir, 16), load_engine(ort_dir, 16)
+    trt_engine, ort_engine = open_engine(trt_dir, 16), open_engine(ort_dir, 16)
     batch = example_batch(trt_engine.geometry)
     got = trt_engine.step(batch).cpu()
     want = ort_engine.step(batch)

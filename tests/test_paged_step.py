@@ -12,17 +12,13 @@ import random
 import pytest
 import torch
 
-ops = pytest.importorskip("g4rt.plugins.ops", reason="plugins/ops.py (torch.ops.g4rt) not importable yet")
-if not hasattr(torch.ops.g4rt, "paged_attention"):  # pragma: no cover
-    pytest.skip("torch.ops.g4rt.paged_attention is not registered", allow_module_level=True)
-
-from g4rt.models.checkpoint import load_model, write_random_checkpoint  # noqa: E402
-from g4rt.models.config import load_config  # noqa: E402
-from g4rt.models.layout import PageGeometry  # noqa: E402
-from g4rt.models.linear_cache import LinearCache  # noqa: E402
-from g4rt.models.paged import PagedStep  # noqa: E402
-from g4rt.models.step import StepBatch  # noqa: E402
-from g4rt.models.tiny import TINY_CONFIG  # noqa: E402
+from g4rt.models.checkpoint import load_model, write_random_checkpoint
+from g4rt.models.config import load_config
+from g4rt.models.layout import PageGeometry
+from g4rt.models.linear_cache import LinearCache
+from g4rt.models.paged import PagedStep
+from g4rt.models.step import StepBatch
+from g4rt.models.tiny import TINY_CONFIG
 
 PAGE = 4
 

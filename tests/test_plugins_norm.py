@@ -15,7 +15,7 @@ import torch
 
 pytest.importorskip("triton", reason="the triton extra is not installed")
 
-from g4rt.plugins import reference  # noqa: E402
+from g4rt.models import blocks as reference  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered in exp")  # exp -> inf is the intent
 from g4rt.plugins import triton_norm as tn  # noqa: E402
@@ -73,22 +73,32 @@ def test_gelu_tanh_mul_refuses_mismatched_shapes():
         tn.gelu_tanh_mul(torch.zeros(4), torch.zeros(5))
 
 
-def test_custom_ops_dispatch_to_the_kernels(monkeypatch):
-    """On CPU the ops run the reference unless G4RT_KERNELS=triton; either way the result agrees."""
+def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
+    """`blocks.block` runs the torch reference for kernels="reference" and the custom op (the kernel)
+    for "triton"; a model's `set_kernels` reaches every module that runs a block, and an unknown value
+    is refused by name."""
+    from conftest import tiny_config
+
+    from g4rt.models.model import Gemma4Model
     x = torch.randn(3, 40).to(torch.bfloat16)
     calls = []
     monkeypatch.setattr(tn, "rms_norm", lambda *a: calls.append("triton") or reference.rms_norm(*a))
-    torch.ops.g4rt.rms_norm(x, None, 1e-6)
+    reference.block("rms_norm", "reference", x, None, 1e-6)
     assert calls == []
-    monkeypatch.setenv("G4RT_KERNELS", "triton")
-    torch.ops.g4rt.rms_norm(x, None, 1e-6)
+    reference.block("rms_norm", "triton", x, None, 1e-6)
     assert calls == ["triton"]
+    model = Gemma4Model(tiny_config("26b"), torch.float32, "cpu")
+    assert {m.kernels for m in model.modules() if hasattr(m, "kernels")} == {"reference"}
+    model.set_kernels("triton")
+    assert {m.kernels for m in model.modules() if hasattr(m, "kernels")} == {"triton"}
+    with pytest.raises(ValueError, match="kernels: 'cuda' is not one of triton, reference"):
+        model.set_kernels("cuda")
 
 
 def close(got: torch.Tensor, want: torch.Tensor, scale: float):
     """A fused block against the reference: fp32 to the order of its sums; bf16 within a few ulps of the
     values' scale (the interpreter truncates fp32 -> bf16 where the GPU and torch round to nearest, so
-    the bits cannot be compared here; tests/test_export_inductor.py compares engines, not roundings)."""
+    the bits cannot be compared here; tests/test_engine_inductor.py compares engines, not roundings)."""
     assert got.shape == want.shape and got.dtype == want.dtype and torch.isfinite(got).all()
     if want.dtype == torch.float32:
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * scale)

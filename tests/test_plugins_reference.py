@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from g4rt.plugins import ops, window_left
-from g4rt.plugins.reference import (attend, gather_kv, kv_write_ref, kv_write_ref_, make_paged_batch,
+from fixtures import make_paged_batch
+from g4rt.plugins.reference import (attend, gather_kv, kv_write_ref, kv_write_ref_,
                                     paged_attention_ref)
 
 
@@ -132,8 +133,9 @@ def test_kv_write_round_trip(dtype):
     assert torch.equal(arena, new)
 
 
-def test_ops_dispatch_to_reference_on_cpu(monkeypatch):
-    monkeypatch.delenv("G4RT_KERNELS", raising=False)
+def test_ops_dispatch_to_reference_on_cpu():
+    """CPU tensors default to the reference; an unknown `kernels` value is refused by name."""
+    assert ops.default_kernels("cpu") == "reference"
     batch = make_paged_batch([2, 1], [9, 5], num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4,
                              window_left=3)
     assert torch.equal(ops.paged_attention(*batch.args()), paged_attention_ref(*batch.args()))
@@ -146,6 +148,8 @@ def test_ops_dispatch_to_reference_on_cpu(monkeypatch):
     arena = batch.arena.clone()
     assert ops.kv_write_(arena, k, -k, slots, *offs) is None
     assert torch.equal(arena, want)
+    with pytest.raises(ValueError, match="kernels: 'cuda' is not one of triton, reference"):
+        ops.paged_attention(*batch.args(), kernels="cuda")
 
 
 class _Layer(torch.nn.Module):
@@ -154,8 +158,7 @@ class _Layer(torch.nn.Module):
         return ops.paged_attention(q, arena, cu_q, kv_lens, table, first, 256, 384, 4, 2, 3, 1.0), arena
 
 
-def test_export_and_compile_see_one_node_per_op(monkeypatch):
-    monkeypatch.delenv("G4RT_KERNELS", raising=False)
+def test_export_and_compile_see_one_node_per_op():
     batch = make_paged_batch([2, 1], [9, 5], num_q_heads=4, num_kv_heads=2, head_dim=16, page_size=4)
     k = torch.randn(3, 2, 16)
     slots = torch.tensor([1, 2, 9], dtype=torch.int32)

@@ -20,7 +20,8 @@ triton = pytest.importorskip("triton", reason="the triton extra is not installed
 from g4rt.plugins import ops, window_left  # noqa: E402
 from g4rt.plugins import triton_attention as ta  # noqa: E402
 from g4rt.plugins import triton_kv_write as tkv  # noqa: E402
-from g4rt.plugins.reference import kv_write_ref, make_paged_batch, paged_attention_ref  # noqa: E402
+from fixtures import make_paged_batch  # noqa: E402
+from g4rt.plugins.reference import kv_write_ref, paged_attention_ref  # noqa: E402
 
 if not ta.interpreting():
     pytest.fail("TRITON_INTERPRET=1 must be set before triton is imported (CPU has no GPU kernels)",
@@ -184,20 +185,22 @@ def test_kv_write_matches_reference(dtype):
     assert torch.equal(got, want)
 
 
-def test_ops_forced_to_triton(monkeypatch):
-    """G4RT_KERNELS=triton sends CPU tensors through the op to the kernels."""
-    monkeypatch.setenv("G4RT_KERNELS", "triton")
+def test_ops_with_triton_kernels(monkeypatch):
+    """kernels="triton" sends CPU tensors through the op to the kernels (under the interpreter)."""
+    calls = []
+    real = ta.paged_attention
+    monkeypatch.setattr(ta, "paged_attention", lambda *a: calls.append(1) or real(*a))
     batch = batch_of([1, 3], [21, 9], 4, 2, 16, 16, wl=6, resident=True, seed=17)
-    assert ops.use_triton(batch.q)
-    got = ops.paged_attention(*batch.args())
+    got = ops.paged_attention(*batch.args(), kernels="triton")
+    assert calls == [1]
     torch.testing.assert_close(got, paged_attention_ref(*batch.args()), atol=2e-5, rtol=2e-5)
     k = torch.randn(2, 2, 16)
     slots = torch.tensor([5, -1], dtype=torch.int32)
     offs = (batch.k_offset, batch.v_offset, 16)
     want = kv_write_ref(batch.arena, k, k + 1, slots, *offs)
-    assert torch.equal(ops.kv_write(batch.arena, k, k + 1, slots, *offs), want)
+    assert torch.equal(ops.kv_write(batch.arena, k, k + 1, slots, *offs, kernels="triton"), want)
     arena = batch.arena.clone()
-    ops.kv_write_(arena, k, k + 1, slots, *offs)
+    ops.kv_write_(arena, k, k + 1, slots, *offs, kernels="triton")
     assert torch.equal(arena, want)
-    monkeypatch.setenv("G4RT_KERNELS", "reference")
-    assert not ops.use_triton(batch.q)
+    ops.paged_attention(*batch.args(), kernels="reference")
+    assert calls == [1]  # the reference did not call the kernel

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from g4rt.models.config import Gemma4Config, load_config
-from g4rt.runtime.cli import main
+from g4rt.cli import main
 from g4rt.runtime.plan import parameter_counts
 from g4rt.runtime.sampling import Sampler, SamplingParams
 
@@ -83,16 +84,21 @@ def model_dir(tmp_path_factory):
     return write_random_checkpoint(cfg, tmp_path_factory.mktemp("cli_model"), seed=1, dtype="float32")
 
 
-@pytest.mark.parametrize("engine", ["--reference", "paged"])
-def test_generate_json(capsys, model_dir, engine):
+def test_generate_json_paged_equals_reference(capsys, model_dir):
+    """`generate --json` on the paged engine and on the linear reference (--reference): the same greedy
+    tokens for a prompt spanning several windows and a short one, and a summary that adds up."""
     args = ["generate", "--model", str(model_dir), "--token-ids", "2,15,7,9,11,3,4,5,6,7", "--token-ids", "2,40",
             "--max-new-tokens", "5", "--page-tokens", "4", "--chunk", "4", "--json"]
-    out = json.loads(run_cli(capsys, *args, *([engine] if engine.startswith("--") else [])))
-    assert len(out["outputs"]) == 2
-    for o in out["outputs"]:
-        assert len(o["token_ids"]) <= 5 and o["finish_reason"] in ("length", "stop")
-        assert all(0 <= t < 128 for t in o["token_ids"])
-    assert out["tokens"] == sum(len(o["token_ids"]) for o in out["outputs"]) and out["tokens_per_s"] > 0
+    paged = json.loads(run_cli(capsys, *args))
+    reference = json.loads(run_cli(capsys, *args, "--reference"))
+    assert (paged["engine"], reference["engine"]) == ("eager paged", "linear reference")
+    assert [o["token_ids"] for o in paged["outputs"]] == [o["token_ids"] for o in reference["outputs"]]
+    for out in (paged, reference):
+        assert len(out["outputs"]) == 2
+        for o in out["outputs"]:
+            assert len(o["token_ids"]) <= 5 and o["finish_reason"] in ("length", "stop")
+            assert all(0 <= t < 128 for t in o["token_ids"])
+        assert out["tokens"] == sum(len(o["token_ids"]) for o in out["outputs"]) and out["tokens_per_s"] > 0
 
 
 def test_generate_tiny_console_script():
@@ -116,6 +122,12 @@ def test_generate_with_a_built_engine_matches_eager(capsys, model_dir, tmp_path)
     built = json.loads(run_cli(capsys, "generate", "--engine", str(engine_dir), *args))
     assert built["engine"] == "onnxruntime engine"
     assert [o["token_ids"] for o in built["outputs"]] == [o["token_ids"] for o in eager["outputs"]]
+    # An engine directory is relocatable: copied elsewhere, with the original gone, it runs the same.
+    moved = shutil.copytree(engine_dir, tmp_path / "elsewhere" / "ort")
+    shutil.rmtree(engine_dir)
+    again = json.loads(run_cli(capsys, "generate", "--engine", str(moved), *args))
+    assert [o["token_ids"] for o in again["outputs"]] == [o["token_ids"] for o in eager["outputs"]]
+    engine_dir = moved
     with pytest.raises(SystemExit, match="exactly one of --model"):
         main(["generate", "--model", str(model_dir), "--engine", str(engine_dir), "--token-ids", "2"])
     with pytest.raises(SystemExit, match="--engine"):

@@ -12,15 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-pytest.importorskip("g4rt.models.paged", reason="models/paged.py (PagedStep) not available yet")
 
-from g4rt.models.checkpoint import load_model, write_random_checkpoint  # noqa: E402
-from g4rt.models.config import Gemma4Config  # noqa: E402
-from g4rt.models.linear_cache import generate_linear  # noqa: E402
-from g4rt.runtime.admission import promise_for  # noqa: E402
-from g4rt.runtime.llm import LLM  # noqa: E402
-from g4rt.runtime.sampling import SamplingParams  # noqa: E402
-from g4rt.runtime.scheduler import SchedulerConfig  # noqa: E402
+from g4rt.models.checkpoint import load_model, write_random_checkpoint
+from g4rt.models.config import Gemma4Config
+from g4rt.models.layout import PageGeometry
+from g4rt.models.linear_cache import generate_linear
+from g4rt.runtime.admission import promise_for
+from g4rt.runtime.llm import LLM
+from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.scheduler import SchedulerConfig
 
 PAGE = 4
 S, F = "sliding_attention", "full_attention"
@@ -42,7 +42,7 @@ def prompt(n: int, salt: int) -> list[int]:
 
 def run_both(model, prompts, params, config, num_frames=None, shuffle_seed=11):
     """Run the same requests on the paged engine and the linear reference; return both outputs."""
-    geometry = LLM.geometry_for(model, PAGE)
+    geometry = PageGeometry.build(model.layout, PAGE)
     plist = params if isinstance(params, list) else [params] * len(prompts)
     widest = max(promise_for(geometry, len(p), sp.max_new_tokens, config.chunk).frames
                  for p, sp in zip(prompts, plist))

@@ -1,6 +1,6 @@
 """GPU benchmark of the paged-attention kernels against the machine's own ceilings.
 
-    python -m g4rt.plugins.bench --out DIR [--quick]
+    python -m g4rt.bench.kernels --out DIR [--quick]
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -29,6 +29,11 @@ import traceback
 from dataclasses import dataclass
 
 import torch
+
+from g4rt.plugins import reference
+from g4rt.plugins import triton_attention as ta
+
+from .common import ceilings, time_ms, time_ms_eager
 
 # name: (num_q_heads, num_kv_heads, head_dim, window W or None, page_size); page sizes are what
 # models/layout.PageGeometry gives the 31B and 26B (16-token sliding pages, 160-token full pages).
@@ -85,78 +90,6 @@ def visible_keys(ctx, q_len, wl):
     return total, read
 
 
-_FLUSH = None
-
-
-def time_ms(fn):
-    """GPU ms of one call with a cold L2 and no host launch overhead.
-
-    Eager timing of a ~5 us kernel measures Python launch cost, and a warm L2 (50 MB on the H200)
-    would hold a whole sliding window. So: capture `reps` x [zero a 256 MiB buffer, fn] and
-    `reps` x [zero the buffer] as CUDA graphs, and take the median difference over >= 5 replays
-    of each, divided by reps (>= 20 measured calls in all). Falls back to do_bench (eager, L2
-    flushed) where capture fails."""
-    global _FLUSH
-    if _FLUSH is None:
-        _FLUSH = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
-    try:
-        fn()
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        reps = max(3, min(30, int(30 / max(start.elapsed_time(end), 1e-3))))  # ~30 ms per graph
-        replays = max(5, -(-20 // reps))  # >= 20 measured calls in all
-        graphs = []
-        for with_fn in (True, False):
-            g = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                fn()  # warm any lazy allocation on the capture stream
-                with torch.cuda.graph(g, stream=s):
-                    for _ in range(reps):
-                        _FLUSH.zero_()
-                        if with_fn:
-                            fn()
-            torch.cuda.current_stream().wait_stream(s)
-            graphs.append(g)
-        times = []
-        for _ in range(replays):
-            pair = []
-            for g in graphs:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                g.replay()
-                end.record()
-                torch.cuda.synchronize()
-                pair.append(start.elapsed_time(end))
-            times.append((pair[0] - pair[1]) / reps)
-        del graphs
-        return max(sorted(times)[len(times) // 2], 1e-6)
-    except Exception:  # noqa: BLE001 - not capturable: eager timing instead
-        torch.cuda.synchronize()
-        return time_ms_eager(fn)
-
-
-def time_ms_eager(fn):
-    """Median ms over >= 20 reps, L2 flushed between reps (triton.testing.do_bench)."""
-    import triton.testing
-    fn()
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(3):
-        fn()
-    end.record()
-    torch.cuda.synchronize()
-    est = start.elapsed_time(end) / 3
-    return triton.testing.do_bench(fn, warmup=25, rep=max(100, 25 * est),
-                                   return_mode="median")
-
-
 def rel_err(got, want):
     got, want = got.float(), want.float()
     if not torch.isfinite(got).all():
@@ -167,12 +100,11 @@ def rel_err(got, want):
 def reference_rows(case, rows_b):
     """fp32 reference output of sequences `rows_b` (decode), grouped so no head is repeated in memory:
     the 256k full layer would otherwise need tens of GiB."""
-    from .reference import gather_kv
     hq, d = case.q.shape[1:]
     g = hq // case.hkv
     outs = []
     for b in rows_b:
-        k, v, k_pos = gather_kv(case.arena, case.table[b], int(case.first[b]), int(case.kv_lens[b]), 0,
+        k, v, k_pos = reference.gather_kv(case.arena, case.table[b], int(case.first[b]), int(case.kv_lens[b]), 0,
                                 case.page * case.hkv * d, case.page, case.hkv, d)
         p = int(case.kv_lens[b]) - 1
         keep = k_pos >= p - case.wl if case.wl >= 0 else torch.ones_like(k_pos, dtype=torch.bool)
@@ -198,35 +130,12 @@ def contiguous_kv(case, n):
     return out
 
 
-def copy_bandwidth(n: int = 2 << 30) -> float:
-    """Device-to-device copy of n bytes: bytes read + written per second, the bandwidth roofline
-    every GPU measurement here is compared with (median, eager do_bench: exact for big ops)."""
-    src = torch.randn(n // 2, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    t = time_ms_eager(lambda: dst.copy_(src))
-    del src, dst
-    torch.cuda.empty_cache()
-    return 2 * n / (t * 1e-3)
-
-
-def ceilings(quick):
-    n = (1 << 30) if quick else (2 << 30)
-    bw = copy_bandwidth(n)
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    bm = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    tm = time_ms_eager(lambda: a @ bm)
-    del a, bm
-    torch.cuda.empty_cache()
-    return {"copy_bytes": n, "copy_GBps": bw / 1e9, "matmul_TFLOPs": 2 * 8192 ** 3 / (tm * 1e-3) / 1e12}
-
-
 def _flex():
     from torch.nn.attention.flex_attention import flex_attention
     return torch.compile(flex_attention, dynamic=False)
 
 
 def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False):
-    from . import triton_attention as ta
     hq, hkv, d, window, page = LAYERS[layer]
     case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch)
     _, read = visible_keys(ctx, 1, case.wl)
@@ -271,8 +180,6 @@ def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=
 
 
 def prefill_case(layer, q_len, ctx, peak, config=None, check=True):
-    from . import triton_attention as ta
-    from .reference import paged_attention_ref
     hq, hkv, d, window, page = LAYERS[layer]
     case = build(1, ctx, q_len, layer, seed=q_len + ctx)
     flops_keys, _ = visible_keys(ctx, q_len, case.wl)
@@ -288,7 +195,7 @@ def prefill_case(layer, q_len, ctx, peak, config=None, check=True):
             a[0] = case.q[lo:hi]
             a[2] = torch.tensor([0, hi - lo], device="cuda", dtype=torch.int32)
             a[3] = case.kv_lens - (q_len - hi)
-            errs.append(rel_err(out[lo:hi], paged_attention_ref(*a)))
+            errs.append(rel_err(out[lo:hi], reference.paged_attention_ref(*a)))
         rec["rel_err"] = max(errs)
     t = time_ms(run)
     rec.update(ms=t, TFLOPs=flops / (t * 1e-3) / 1e12)
@@ -377,9 +284,8 @@ def main(argv=None):
                     config=cfg, sdpa=False)
         if not args.quick:
             for f in (0.5, 2.0):
-                from .triton_attention import decode_splits
                 keys = ctx if "full" in layer else 1024
-                s = max(1, int(decode_splits(b, LAYERS[layer][1], keys, torch.device("cuda")) * f))
+                s = max(1, int(ta.decode_splits(b, LAYERS[layer][1], keys, torch.device("cuda")) * f))
                 guarded(res, "decode_sweep", decode_case, layer, b, ctx, peak, try_flex=False, flex_fn=None,
                         splits=s, sdpa=False)
     res["total_s"] = round(time.time() - t_start, 1)

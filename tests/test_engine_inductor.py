@@ -1,24 +1,24 @@
 """The inductor engine's compiled step against the eager step, on CPU (CUDA-graph decode needs a GPU
-and is exercised by export/bench.py on the H200)."""
+and is exercised by bench/engine.py on the H200)."""
 from __future__ import annotations
 
 import pytest
 import torch
 from conftest import tiny_config
 
-from g4rt.export.inductor import InductorEngine
 from g4rt.models.checkpoint import random_model
-from g4rt.runtime.engine import EagerEngine
-from g4rt.runtime.llm import LLM
-from g4rt.runtime.pages import FramePool
+from g4rt.models.layout import PageGeometry
 from g4rt.runtime.arena import Arena
+from g4rt.runtime.engines.eager import EagerEngine
+from g4rt.runtime.engines.inductor import DecodeInputs, InductorEngine, _with_compiled_layers
+from g4rt.runtime.pages import FramePool
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import Scheduler, SchedulerConfig
 
 
 def mixed_step(model):
     """A mixed prefill step of two sequences (37 and 11 tokens, 4-token pages) and its geometry."""
-    geometry = LLM.geometry_for(model, page_tokens=4)
+    geometry = PageGeometry.build(model.layout, page_tokens=4)
     sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
     sched.add(list(range(3, 40)), SamplingParams(max_new_tokens=2), ())
     sched.add(list(range(50, 61)), SamplingParams(max_new_tokens=2), ())
@@ -28,7 +28,7 @@ def mixed_step(model):
 def eager_and_compiled(model, scope):
     """(eager logits, eager arena, compiled logits, compiled engine) of one mixed prefill step."""
     geometry, batch = mixed_step(model)
-    eager_arena = Arena.for_geometry(geometry, 32, torch.bfloat16)
+    eager_arena = Arena.for_geometry(geometry, 32)
     eager = EagerEngine(model, geometry, eager_arena).step(batch)
     compiled = InductorEngine(model, geometry, 32, compile_mode="default", compile_scope=scope)
     with torch.inference_mode():
@@ -36,6 +36,7 @@ def eager_and_compiled(model, scope):
     return eager, eager_arena, out, compiled
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scope", ["layers", "step"])
 def test_compiled_bf16_step_matches_eager(scope, report):
     """A dense k_eq_v model in bf16 with the torch reference blocks, compiled by Inductor, against eager.
@@ -56,8 +57,9 @@ def test_compiled_bf16_step_matches_eager(scope, report):
     assert all("attention_inputs" not in vars(layer) for layer in model.layers)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("packed", [False, True])
-def test_compiled_step_is_bit_equal_with_plugin_kernels(packed, monkeypatch, request, report):
+def test_compiled_step_is_bit_equal_with_plugin_kernels(packed, report):
     """With the plugin kernels (what CUDA runs: RMSNorm, gated GELU and attention as opaque ops, here
     under the Triton interpreter) and, as on CUDA, q/k/v packed into one matmul, the per-layer compiled
     step computes eager's bits: logits and every K/V element. This is what lets the H200 run demand
@@ -66,10 +68,7 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(packed, monkeypatch, req
     from g4rt.plugins import triton_attention
     if not triton_attention.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
-    monkeypatch.setenv("G4RT_KERNELS", "triton")
-    torch._dynamo.reset()  # Dynamo does not guard on the environment: drop graphs traced without kernels
-    request.addfinalizer(torch._dynamo.reset)  # and leave none traced with them to later tests
-    model = random_model(tiny_config("31b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3)
+    model = random_model(tiny_config("31b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
     if packed:
         model.pack_qkv()
     eager, eager_arena, out, compiled = eager_and_compiled(model, "layers")
@@ -82,12 +81,11 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(packed, monkeypatch, req
 def test_layers_of_one_shape_share_compiled_graphs():
     """18 layers of two shapes (sliding, full) compile to 2 pieces x 2 shapes = 4 graphs. Were a piece to
     read the layer index, Dynamo would recompile per layer and, past its limit of 8, silently run the
-    rest eager (what the first H200 run of the per-layer scope did)."""
+    rest eager."""
     from torch._dynamo.utils import counters
 
     from conftest import F, S
     from g4rt.models.linear_cache import LinearCache
-    from g4rt.export.inductor import _with_compiled_layers
 
     torch._dynamo.reset()
     counters.clear()
@@ -107,15 +105,14 @@ def test_decode_padding_to_a_bucket_changes_nothing_real():
     """The CUDA-graph decode path pads a step to a bucket (here 3 sequences to 4, tables to 8 columns)
     with dummy rows (DecodeInputs). Run eagerly on CPU: the real rows' logits match the unpadded step's
     and the dummy rows write nothing into the arena."""
-    from g4rt.export.inductor import DecodeInputs
     from g4rt.models.paged import PagedStep
 
     model = random_model(tiny_config("31b"), torch.float32, "cpu", seed=4)
-    geometry = LLM.geometry_for(model, page_tokens=4)
+    geometry = PageGeometry.build(model.layout, page_tokens=4)
     sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
     for n in (9, 14, 5):
         sched.add(list(range(3, 3 + n)), SamplingParams(max_new_tokens=3), ())
-    arena = Arena.for_geometry(geometry, 32, torch.float32)
+    arena = Arena.for_geometry(geometry, 32)
     step = PagedStep(model, geometry)
     prefill = sched.schedule()
     with torch.inference_mode():

@@ -1,8 +1,13 @@
-"""The `g4rt` console script: `generate` and `plan` (and `export`/`build` when export is installed)."""
+"""The `g4rt` console script: generate, serve, plan, export, build.
+
+The top of the dependency order (plugins <- models <- export, runtime <- this module): it is the one
+place that imports both `export` (which writes engine directories) and `runtime` (which runs them).
+Building the parser imports only the base dependencies, so `g4rt plan`, `g4rt generate --model` and
+`g4rt --help` work without any extra; a command that needs one says which (`_need`).
+"""
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import sys
@@ -10,10 +15,19 @@ import time
 from pathlib import Path
 
 from g4rt.models.config import PUBLISHED, ConfigError, load_config
+from g4rt.models.layout import DTYPES, PageGeometry
+from g4rt.models.manifest import BACKENDS
+from g4rt.plugins.ops import KERNELS, check_kernels
+from g4rt.runtime.admission import RequestTooLarge, promise_for
+from g4rt.runtime.plan import GIB, format_plan, make_plan
+from g4rt.runtime.sampling import SamplingParams
 
-from .admission import RequestTooLarge, promise_for
-from .plan import GIB, format_plan, make_plan
-from .sampling import SamplingParams
+
+def _need(cmd: str, extra: str, *modules: str) -> None:
+    """Stop `cmd` with the pip command that installs `extra` when one of `modules` is missing."""
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise SystemExit(f"{cmd}: needs {', '.join(missing)}, from the {extra} extra: pip install 'g4rt[{extra}]'")
 
 
 def _token_ids(text: str) -> list[int]:
@@ -63,30 +77,32 @@ def _source(args, cmd: str) -> Path:
 def _open_llm(args, cmd: str, source: Path, frames_for):
     """The LLM that `generate` and `serve` run: a built engine (--engine) or the eager paged engine
     (or, with --reference, the linear cache) on --model. `frames_for(geometry)` sizes the arena."""
-    import torch
-
-    from g4rt.models.checkpoint import load_model
-
-    from .llm import LLM
-    from .scheduler import SchedulerConfig
+    from g4rt.models import manifest as mf
+    from g4rt.models.checkpoint import CheckpointError, load_model
+    from g4rt.runtime.engines import open_engine
+    from g4rt.runtime.llm import LLM
+    from g4rt.runtime.scheduler import SchedulerConfig
 
     try:
         config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
+        kernels = None if args.kernels is None else check_kernels(args.kernels, "--kernels")
     except ValueError as e:
         raise SystemExit(f"{cmd}: {e}")
     if args.engine:
-        from g4rt.export.build import load_engine
-        from g4rt.export.manifest import ManifestError, manifest_geometry, read_manifest
         try:
-            frames = frames_for(manifest_geometry(read_manifest(args.engine)))
-            engine = load_engine(args.engine, frames)
-        except (ManifestError, OSError, RuntimeError) as e:
+            manifest = mf.read_manifest(args.engine)
+            if manifest.get("backend") == "onnxruntime":
+                _need(cmd, "export", "onnxruntime")
+            frames = frames_for(mf.manifest_geometry(manifest))
+            engine = open_engine(args.engine, frames, **({"kernels": kernels} if kernels else {}))
+        except (mf.ManifestError, OSError, RuntimeError, TypeError) as e:
             raise SystemExit(f"{cmd}: --engine: {e}")
-        return LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids), \
-            f"{read_manifest(args.engine)['backend']} engine"
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    model = load_model(source, dtype=dtype, device=args.device)
-    frames = frames_for(LLM.geometry_for(model, args.page_tokens))
+        return LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids), f"{manifest['backend']} engine"
+    try:
+        model = load_model(source, dtype=args.dtype, device=args.device, kernels=kernels)
+    except (CheckpointError, ConfigError, ValueError) as e:
+        raise SystemExit(f"{cmd}: --model: {e}")
+    frames = frames_for(PageGeometry.build(model.layout, args.page_tokens))
     kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
     if getattr(args, "reference", False):
         return LLM.reference(model, **kw), "linear reference"
@@ -140,8 +156,8 @@ def cmd_generate(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .arena import frames_in_budget
-    from .server import Service, make_server
+    from g4rt.runtime.arena import frames_in_budget
+    from g4rt.runtime.server import Service, make_server
 
     source = _source(args, "serve")
     llm, engine_name = _open_llm(
@@ -185,8 +201,11 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     """Flags shared by `generate` and `serve`: what runs and how the KV pool and steps are sized."""
     p.add_argument("--model", help="model directory (config.json + safetensors) or 'tiny': the eager engine")
     p.add_argument("--engine", help="an engine directory from `g4rt build` (its manifest names the backend)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights and KV dtype (--model)")
     p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--kernels", default=None, metavar="|".join(KERNELS),
+                   help="implementation of the plugin ops and the model's fused blocks: triton or the torch "
+                        "reference (default: triton on CUDA, reference on CPU)")
     p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
                    help="positions per sliding-group page")
     p.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
@@ -245,10 +264,70 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
-    # The export engineer's subcommands (`export`, `build`) appear when that module exists.
-    if importlib.util.find_spec("g4rt.export.cli") is not None:
-        importlib.import_module("g4rt.export.cli").add_subcommands(sub)
+    _export_commands(sub)
     return parser
+
+
+# ---- export / build: write engine directories (the export package) ------------------------------
+
+def _export_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model directory (config.json + safetensors) or 'tiny'")
+    p.add_argument("--out", required=True, help="engine directory to write")
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
+                   help="weights/arena dtype (default: float32 for onnxruntime, else bfloat16)")
+    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
+                   help="sliding-group page size (runtime's default)")
+
+
+def cmd_export(args) -> int:
+    _need("export", "export", "onnx", "onnxscript")
+    from g4rt.export.build import BuildError, export_onnx
+    from g4rt.models.manifest import ManifestError
+    try:
+        m = export_onnx(args.model, args.out, dtype=args.dtype or "float32", page_tokens=args.page_tokens)
+    except (BuildError, ManifestError) as e:
+        raise SystemExit(f"export: {e}")
+    print(json.dumps({"out": args.out, "backend": m["backend"], "dtype": m["dtype"],
+                      "config_hash": m["model"]["config_hash"]}))
+    return 0
+
+
+def cmd_build(args) -> int:
+    if args.backend != "inductor":
+        _need("build", "export", "onnx", "onnxscript")
+    from g4rt.export.build import BuildError, build
+    from g4rt.models.manifest import ManifestError
+    try:
+        out = build(args.model, args.backend, args.out, dtype=args.dtype, page_tokens=args.page_tokens,
+                    progress=not args.quiet)
+    except (BuildError, ManifestError) as e:
+        raise SystemExit(f"build: {e}")
+    print(f"built {args.backend} engine in {out}")
+    return 0
+
+
+def _export_commands(sub) -> None:
+    e = sub.add_parser(
+        "export", help="export the step graph to ONNX (model.onnx + data + manifest)",
+        description="Export one runtime step (arena + StepBatch in, logits + arena out) as ONNX. The two plugin "
+                    "ops are single nodes G4KVWrite / G4PagedAttention in domain 'gemma4' (what TensorRT's parser "
+                    "hands to registered plugins), each with a reference ONNX function so ONNX Runtime on CPU runs "
+                    "the graph. Weights go to model.onnx.data. Needs the export extra.")
+    _export_common(e)
+    e.set_defaults(func=cmd_export)
+    b = sub.add_parser(
+        "build", help="build an engine directory for one backend",
+        description="Build an engine directory that `g4rt generate --engine DIR` runs. Backends: onnxruntime "
+                    "(CPU; the export plus ORT's offline-optimised graph; export extra), inductor (CUDA GPU; "
+                    "torch.compile of the step over the same Triton kernels, decode replayed as CUDA graphs; the "
+                    "weights are linked or copied into the directory and compiled at load, cache in the directory), "
+                    "tensorrt (needs TensorRT >= 10.9 with tensorrt.plugin; untested here, where TensorRT cannot "
+                    "be installed). Each directory has a manifest.json the runtime checks on load; every path in "
+                    "it is relative, so the directory can be moved.")
+    _export_common(b)
+    b.add_argument("--backend", choices=list(BACKENDS), required=True)
+    b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.set_defaults(func=cmd_build)
 
 
 def main(argv: list[str] | None = None) -> int:

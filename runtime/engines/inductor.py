@@ -10,41 +10,28 @@ Decode graphs: a decode step has one token per sequence (T == B == R). Its batch
 host to the next bucket size B' >= B (and a page-table width bucket) with dummy sequences (one token at
 position 0, slots -1, so it writes nothing and reads frame 0), copied to the graph's static inputs in
 one transfer, and the captured graph is replayed; the logits of the real rows are returned. Other
-steps (prefill) run the compiled module directly. The capture runs on the H200 only (export/bench.py);
-the CPU suite checks the padding (tests/test_export_inductor.py).
+steps (prefill) run the compiled module directly. The capture runs on CUDA only (bench/engine.py);
+the CPU suite checks the padding (tests/test_engine_inductor.py).
 """
 from __future__ import annotations
 
 import copy
+import math
 import os
 from pathlib import Path
 from typing import Sequence
 
 import torch
 
-from g4rt.models.step import StepBatch
-from g4rt.plugins.reference import pow2_bucket
+from g4rt.models import manifest as mf
+from g4rt.models.checkpoint import load_model
+from g4rt.models.paged import PagedStep
+from g4rt.models.step import StepBatch, input_shape
+from g4rt.plugins.buckets import pow2_bucket
 
-from . import manifest as mf
+from ..arena import Arena
 
-CACHE_DIR = "compile_cache"
 BATCH_BUCKETS = tuple(1 << i for i in range(9))  # pow2_bucket's values up to 256 decode sequences
-
-
-def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int) -> dict:
-    from g4rt.models.config import load_config
-
-    from .build import DEFAULT_ALIGN, copy_tokenizer, geometry_for
-    cfg = load_config(model_dir)
-    geometry = geometry_for(cfg, dtype, page_tokens)
-    manifest = mf.build_manifest(
-        cfg, geometry, backend="inductor", dtype=dtype, page_tokens=page_tokens, align=DEFAULT_ALIGN,
-        name=model_dir.resolve().name, profiles={"batch_buckets": list(BATCH_BUCKETS)},
-        files={"weights": str(model_dir.resolve()), "compile_cache": CACHE_DIR, **copy_tokenizer(model_dir, out_dir)},
-        extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets"}})
-    (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
-    mf.write_manifest(out_dir, manifest)
-    return manifest
 
 
 class DecodeInputs:
@@ -53,10 +40,9 @@ class DecodeInputs:
     kv_len 1, slots -1 (it writes nothing), tables 0 (it reads frame 0), logits row = its own row."""
 
     def __init__(self, b: int, ms: int, mf_: int, device="cpu", pin: bool = False):
-        shapes = {"token_ids": (b,), "positions": (b,), "cu_q": (b + 1,), "kv_lens": (b,), "sliding_table": (b, ms),
-                  "sliding_first": (b,), "sliding_slots": (b,), "full_table": (b, mf_), "full_slots": (b,),
-                  "logits_rows": (b,)}
-        sizes = [s[0] * (s[1] if len(s) > 1 else 1) for s in shapes.values()]
+        sizes_of = {"tokens": b, "seqs": b, "rows": b, "sliding_pages": ms, "full_pages": mf_}
+        shapes = {name: input_shape(name, sizes_of) for name in StepBatch.names()}
+        sizes = [math.prod(s) for s in shapes.values()]
         self.flat = torch.empty(sum(sizes), dtype=torch.int32, device=device, pin_memory=pin)
         self.views = [v.view(shape) for v, shape in zip(self.flat.split(sizes), shapes.values())]
         self.fields = dict(zip(shapes, self.views))
@@ -131,15 +117,11 @@ class InductorEngine:
 
     def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default",
                  compile_scope: str = "layers"):
-        from g4rt.models.paged import PagedStep
-        from g4rt.runtime.arena import Arena
-
         if compile_scope not in ("layers", "step"):
             raise ValueError(f"compile_scope must be 'layers' or 'step', got {compile_scope!r}")
         self.geometry = geometry
         self.config = model.config
-        p = next(model.parameters())
-        self.arena = Arena.for_geometry(geometry, num_frames, p.dtype, p.device)
+        self.arena = Arena.for_geometry(geometry, num_frames, next(model.parameters()).device)
         self.device = self.arena.device
         self.compile_mode, self.compile_scope = compile_mode, compile_scope
         if compile_mode:
@@ -159,15 +141,17 @@ class InductorEngine:
         self._logits: torch.Tensor | None = None  # [largest bucket, vocab] fp32, every graph's output
 
     @classmethod
-    def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda") -> "InductorEngine":
-        from g4rt.models.checkpoint import load_model
-
+    def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda",
+             kernels: str | None = None) -> "InductorEngine":
+        """Load the weights inside `engine_dir` (`g4rt build` put them there) and compile, with the
+        compiler caches in the directory too, so a restart reuses compiled kernels."""
         engine_dir = Path(engine_dir)
         manifest = mf.check_manifest(engine_dir, backend="inductor")
-        cache = engine_dir / manifest["files"]["compile_cache"]
+        cache = mf.resolve_file(engine_dir, manifest, "compile_cache")
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
         os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
-        model = load_model(manifest["files"]["weights"], dtype=manifest["dtype"], device=device)
+        model = load_model(mf.resolve_file(engine_dir, manifest, "weights"), dtype=manifest["dtype"], device=device,
+                           kernels=kernels)
         mf.check_manifest(engine_dir, config=model.config)
         return cls(model, mf.manifest_geometry(manifest), num_frames, manifest["compile"]["mode"],
                    manifest["compile"].get("scope", "layers"))

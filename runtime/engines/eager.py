@@ -1,13 +1,5 @@
-"""Engines: what turns one `StepBatch` into logits.
-
-`Engine` is the protocol every backend meets (eager torch, exported ONNX Runtime, TensorRT):
-
-    geometry: PageGeometry
-    step(batch: StepBatch, seq_ids: list[int]) -> float32 logits [len(batch.logits_rows), V]
-    release(seq_id) -> None          # a request ended; drop any per-request state
-
-Paged engines ignore `seq_ids` (everything they need is in the batch's page tables). The linear
-reference needs them, because its contiguous caches are keyed by request, not by page.
+"""The two engines that run a model in memory: `EagerEngine` over the paged arena, and `LinearEngine`
+over the contiguous reference cache.
 
 Byte equality, and why it needs *the same step batches*: CPU (and GPU) matmuls are not
 batch-invariant -- the same row can round differently inside a batch of 3 tokens than inside a batch
@@ -17,33 +9,26 @@ then left to differ is exactly the cache (pages vs contiguous rows), which is wh
 """
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import torch
 
 from g4rt.models.layout import PageGeometry
+from g4rt.models.linear_cache import LinearCache
+from g4rt.models.paged import PagedStep
 from g4rt.models.step import StepBatch
 
-from .arena import Arena
-
-
-class Engine(Protocol):
-    geometry: PageGeometry
-
-    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor: ...
-
-    def release(self, seq_id: int) -> None: ...
+from ..arena import Arena
 
 
 class EagerEngine:
     """The model in torch eager mode over the paged arena (torch.ops.g4rt kv_write_/paged_attention)."""
 
     def __init__(self, model, geometry: PageGeometry, arena: Arena):
-        from g4rt.models.paged import PagedStep  # imported here: registers the plugin ops on first use
-
         if arena.frame_elems != geometry.frame_elems:
             raise ValueError(f"arena frames hold {arena.frame_elems} elements, geometry needs {geometry.frame_elems}")
         self.model, self.geometry, self.arena = model, geometry, arena
+        self.config = model.config
         self.paged = PagedStep(model, geometry)
         self.device = arena.device
 
@@ -64,9 +49,7 @@ class LinearEngine:
     """
 
     def __init__(self, model, geometry: PageGeometry):
-        from g4rt.models.linear_cache import LinearCache
-
-        self.model, self.geometry = model, geometry
+        self.model, self.geometry, self.config = model, geometry, model.config
         self.cache = LinearCache()
         self.device = next(model.parameters()).device
 

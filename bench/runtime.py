@@ -7,7 +7,7 @@ under runtime/results/ with the command that produced them).
 * `equal`: the paged engine (Triton kernels) against the linear reference cache (torch `attend`),
   same scheduler and step batches, bf16, prompts several windows long: greedy tokens must be equal.
 
-    python -m g4rt.runtime.bench --config 31b --out DIR [--context 262144] [--chunk 8192] [--skip-long]
+    python -m g4rt.bench.runtime --config 31b --out DIR [--context 262144] [--chunk 8192] [--skip-long]
                                  [--layers N] [--dtype float32]
 """
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
-import json
 import time
 from pathlib import Path
 
@@ -23,31 +22,18 @@ import torch
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
-from g4rt.models.layout import KVLayout
+from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.runtime.admission import promise_for
+from g4rt.runtime.llm import LLM
+from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.scheduler import SchedulerConfig
 
-from .admission import promise_for
-from .llm import LLM
-from .sampling import SamplingParams
-from .scheduler import SchedulerConfig
-
-
-def sync() -> None:
-    """Wait for the GPU, so wall-clock times cover the work (a no-op on CPU)."""
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def log_json(out: Path, record: dict, name: str = "runtime_bench.jsonl") -> dict:
-    """Print one result and append it to DIR/name as it happens: a run cut short keeps what it did."""
-    print(json.dumps(record), flush=True)
-    with open(out / name, "a") as f:
-        f.write(json.dumps(record) + "\n")
-    return record
+from .common import log_json, sync
 
 
 def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: int) -> dict:
     """Run one request to `context` positions; record per-group peak frames against the plan."""
-    geometry = LLM.geometry_for(model)
+    geometry = PageGeometry.build(model.layout)
     prompt_len = context - decode
     promise = promise_for(geometry, prompt_len, decode, chunk)
     cfg = SchedulerConfig(max_num_batched_tokens=chunk, chunk=chunk, max_num_seqs=1)
@@ -100,7 +86,7 @@ def paged_vs_linear(model, out: Path, prompt_lens: list[int], new_tokens: int, c
     g = torch.Generator().manual_seed(seed)
     prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in prompt_lens]
     params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
-    geometry = LLM.geometry_for(model)
+    geometry = PageGeometry.build(model.layout)
     frames = sum(promise_for(geometry, n, new_tokens, chunk).frames for n in prompt_lens)
     cfg = SchedulerConfig(max_num_batched_tokens=chunk, chunk=chunk, max_num_seqs=len(prompts))
     runs = {}
@@ -163,7 +149,7 @@ def rounding_sensitivity(out: Path, layer_counts=(6, 20, 60), seed: int = 0) -> 
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m g4rt.runtime.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m g4rt.bench.runtime", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="31b", help="published size or config.json path (random bf16 weights)")
     ap.add_argument("--out", required=True, type=Path)

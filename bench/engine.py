@@ -1,13 +1,13 @@
 """The inductor engine on the H200: tokens against the eager paged engine, decode speed against the
 bandwidth roofline measured in the same run, and Hugging Face transformers on the same weights.
 
-    python -m g4rt.export.bench --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
+    python -m g4rt.bench.engine --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
                                  [--runtime-checks] [--long-context 262144] [--profile] [--matmuls]
 
 One process builds the model once (random bf16 weights drawn on the GPU) and runs, in order:
 ceilings (copy bandwidth), eager engine, inductor engine (torch.compile + CUDA-graph decode),
 HF `Gemma4ForCausalLM` (sdpa, its own DynamicCache) with the same weights; then, if asked, the
-runtime's checks (runtime/bench.py: paged vs linear tokens, one long request against the plan).
+runtime's checks (bench/runtime.py: paged vs linear tokens, one long request against the plan).
 Each stage appends one JSON line to DIR/export_bench.jsonl as it finishes, so a run cut short by a
 time limit still reports what it did.
 
@@ -29,14 +29,16 @@ import torch
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
-from g4rt.plugins.bench import copy_bandwidth
+from g4rt.models.layout import PageGeometry
+from g4rt.models.paged import PagedStep
 from g4rt.runtime.admission import promise_for
-from g4rt.runtime.bench import log_json, sync
+from g4rt.runtime.engines.inductor import ArenaStep, InductorEngine
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .inductor import InductorEngine
+from . import runtime as rb
+from .common import copy_bandwidth, log_json, sync
 
 
 def weight_bytes_per_step(model) -> int:
@@ -106,9 +108,7 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     """Where a decode step's time goes. The captured graph of the last decode step, replayed alone, gives
     the step's GPU time without the runtime around it; one profiled step of the compiled module and one
     of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V."""
-    from g4rt.models.paged import PagedStep
 
-    from .inductor import ArenaStep
 
     key = next(k for k in engine._graphs if k[0] == batch)
     graph, _, inputs = engine._graphs[key]
@@ -226,7 +226,7 @@ def hf_decode(hf, prompts, new_tokens: int) -> dict:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m g4rt.export.bench", description=__doc__,
+    ap = argparse.ArgumentParser(prog="python -m g4rt.bench.engine", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="31b")
     ap.add_argument("--out", type=Path, required=True)
@@ -241,7 +241,7 @@ def main(argv=None) -> int:
                     help="only time decode's matmuls role by role and layout by layout (export.bench.matmul_roles)")
     ap.add_argument("--profile", action="store_true",
                     help="after each inductor run: graph replay time and per-kernel time of one decode step")
-    ap.add_argument("--runtime-checks", action="store_true", help="also run runtime/bench.py's equality check")
+    ap.add_argument("--runtime-checks", action="store_true", help="also run bench/runtime.py's equality check")
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         for r in matmul_roles(model, bw, batches):
             log(r)
         return 0
-    geometry = LLM.geometry_for(model)
+    geometry = PageGeometry.build(model.layout)
     frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, 512).frames for _ in range(max(batches))) + 8
     cfg = SchedulerConfig(max_num_batched_tokens=2048, chunk=512, max_num_seqs=max(batches))
     mode = None if a.compile_mode == "none" else a.compile_mode
@@ -301,7 +301,6 @@ def main(argv=None) -> int:
             gc.collect()
             torch.cuda.empty_cache()
     if a.runtime_checks or a.long_context:
-        from g4rt.runtime import bench as rb
         try:
             if a.runtime_checks:
                 r = rb.paged_vs_linear(model, a.out, [2500, 1300, 700], 16, 1024, a.seed)

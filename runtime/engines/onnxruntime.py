@@ -15,17 +15,16 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from g4rt.models.step import StepBatch
+from g4rt.models import manifest as mf
+from g4rt.models.step import OUTPUTS, StepBatch
 
-from . import manifest as mf
-from .onnx_export import MODEL_FILE, OUTPUT_NAMES
+from ..arena import Arena
 
-OPTIMIZED_FILE = "model.ort.onnx"
 _NUMPY = {"float32": np.float32, "float16": np.float16}
 
 
 def session_options(threads: int | None = None):
-    import onnxruntime as ort
+    ort = _onnxruntime()
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     if threads:
@@ -38,9 +37,7 @@ class OrtEngine:
     """Run `engine_dir` (manifest backend `onnxruntime`) with an arena of `num_frames` frames."""
 
     def __init__(self, engine_dir: str | Path, num_frames: int, *, threads: int | None = None):
-        import onnxruntime as ort
-        from g4rt.runtime.arena import Arena
-
+        ort = _onnxruntime()
         self.engine_dir = Path(engine_dir)
         self.manifest = mf.check_manifest(self.engine_dir, backend="onnxruntime")
         self.dtype = self.manifest["dtype"]
@@ -49,19 +46,26 @@ class OrtEngine:
                              f"export it with --dtype float32 (or float16)")
         self.geometry = mf.manifest_geometry(self.manifest)
         self.config = mf.manifest_config(self.manifest)
-        model = self.engine_dir / OPTIMIZED_FILE
-        if not model.is_file():
-            model = self.engine_dir / MODEL_FILE
+        files = self.manifest.get("files", {})
+        model = mf.resolve_file(self.engine_dir, self.manifest, "ort_optimized" if "ort_optimized" in files else "onnx")
         # Load by path so the external weight file resolves next to the model.
         self.session = ort.InferenceSession(str(model), session_options(threads), providers=["CPUExecutionProvider"])
-        self.arena = Arena.for_geometry(self.geometry, num_frames, self.dtype, "cpu")
+        self.arena = Arena.for_geometry(self.geometry, num_frames, "cpu")
 
     def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
         feeds = {"arena": self.arena.tensor.numpy()}
         feeds.update((name, t.cpu().numpy()) for name, t in zip(StepBatch.names(), batch.tensors()))
-        logits, arena_out = self.session.run(list(OUTPUT_NAMES), feeds)
+        logits, arena_out = self.session.run(list(OUTPUTS), feeds)
         self.arena.tensor = torch.from_numpy(arena_out)
         return torch.from_numpy(logits)
 
     def release(self, seq_id: int) -> None:
         """Nothing to do: the runtime owns the pages."""
+
+
+def _onnxruntime():
+    try:
+        import onnxruntime
+    except ImportError as e:
+        raise RuntimeError(f"an onnxruntime engine needs the export extra (pip install 'g4rt[export]'): {e}") from None
+    return onnxruntime

@@ -16,7 +16,7 @@ from onnxscript import script
 from onnxscript import opset18 as op
 from onnxscript.values import Opset
 
-from . import schemas
+from . import onnx_schemas as schemas
 
 _g4 = Opset(schemas.DOMAIN, schemas.OPSET_VERSION)
 

@@ -5,14 +5,12 @@ Why register schemas at all: onnxscript resolves `Opset("gemma4", 1).G4PagedAtte
 full checker verifies our nodes against them. The op types are deliberately no ONNX builtin
 (`Attention` is imported natively by recent TensorRT parsers), and every node carries
 `plugin_namespace`/`plugin_version` so the TensorRT parser picks the registered plugin ahead of the
-reference function shipped in the same file (see /work/shared/research/trt-onnx.md §1.4).
+reference function shipped in the same file (trt-onnx.md §1.4 of the research notes).
 
-Registration is idempotent: `register()` can be called from every entry point.
+Registration is idempotent: `register()` can be called from every entry point. The constants import
+without onnx (engine manifests record SCHEMA_VERSION on machines without the export extra).
 """
 from __future__ import annotations
-
-import onnx
-from onnx.defs import OpSchema
 
 DOMAIN = "gemma4"
 OPSET_VERSION = 1
@@ -24,46 +22,47 @@ KV_WRITE = "G4KVWrite"
 SCHEMA_VERSION = 1
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
-_INT = OpSchema.AttrType.INT
-_FLOAT = OpSchema.AttrType.FLOAT
-_STRING = OpSchema.AttrType.STRING
 
 
-def _attr(name: str, kind, doc: str, required: bool = True) -> OpSchema.Attribute:
-    return OpSchema.Attribute(name, kind, doc, required=required)
+def _attr(name: str, kind: str, doc: str, required: bool = True):
+    """An attribute of kind "INT", "FLOAT" or "STRING"."""
+    from onnx.defs import OpSchema
+    return OpSchema.Attribute(name, getattr(OpSchema.AttrType, kind), doc, required=required)
 
 
-def _plugin_attrs() -> list[OpSchema.Attribute]:
+def _plugin_attrs() -> list:
     return [
-        _attr("plugin_namespace", _STRING, "TensorRT plugin namespace (makes the parser prefer the plugin)", False),
-        _attr("plugin_version", _STRING, "TensorRT plugin version", False),
+        _attr("plugin_namespace", "STRING", "TensorRT plugin namespace (makes the parser prefer the plugin)", False),
+        _attr("plugin_version", "STRING", "TensorRT plugin version", False),
     ]
 
 
 _TYPES = [("T", _FLOATS, "model dtype"), ("I", ["tensor(int32)"], "metadata")]
 
 
-def _param(name: str, type_str: str, doc: str = "") -> OpSchema.FormalParameter:
+def _param(name: str, type_str: str, doc: str = ""):
+    from onnx.defs import OpSchema
     return OpSchema.FormalParameter(name, type_str, doc)
 
 
-def _page_attrs() -> list[OpSchema.Attribute]:
+def _page_attrs() -> list:
     """Where a layer's K/V blocks sit in a frame: both ops address the arena the same way."""
     return [
-        _attr("k_offset", _INT, "element offset of the layer's K block inside a frame"),
-        _attr("v_offset", _INT, "element offset of the layer's V block inside a frame"),
-        _attr("page_size", _INT, "positions per page of this layer's group"),
+        _attr("k_offset", "INT", "element offset of the layer's K block inside a frame"),
+        _attr("v_offset", "INT", "element offset of the layer's V block inside a frame"),
+        _attr("page_size", "INT", "positions per page of this layer's group"),
     ]
 
 
-def _plugin_schema(name: str, doc: str, inputs, outputs, attributes) -> OpSchema:
+def _plugin_schema(name: str, doc: str, inputs, outputs, attributes):
     """A plugin op of domain `gemma4`: both address the arena by layer offsets and carry the plugin
     attributes TensorRT's parser matches on."""
+    from onnx.defs import OpSchema
     return OpSchema(name, DOMAIN, OPSET_VERSION, doc=doc, inputs=inputs, outputs=outputs, type_constraints=_TYPES,
                     attributes=[*_page_attrs(), *attributes, *_plugin_attrs()])
 
 
-def paged_attention_schema() -> OpSchema:
+def paged_attention_schema():
     return _plugin_schema(
         PAGED_ATTENTION,
         doc="Varlen paged attention over the arena (plugins/README.md `paged_attention`).",
@@ -77,15 +76,15 @@ def paged_attention_schema() -> OpSchema:
         ],
         outputs=[_param("out", "T", "[T, num_q_heads, head_dim]")],
         attributes=[
-            _attr("num_kv_heads", _INT, "KV heads of this layer"),
-            _attr("head_dim", _INT, "head dim (256 sliding / 512 full on Gemma 4)"),
-            _attr("window_left", _INT, "inclusive left distance (W-1); -1 = no window"),
-            _attr("scale", _FLOAT, "multiplies q.k"),
+            _attr("num_kv_heads", "INT", "KV heads of this layer"),
+            _attr("head_dim", "INT", "head dim (256 sliding / 512 full on Gemma 4)"),
+            _attr("window_left", "INT", "inclusive left distance (W-1); -1 = no window"),
+            _attr("scale", "FLOAT", "multiplies q.k"),
         ],
     )
 
 
-def kv_write_schema() -> OpSchema:
+def kv_write_schema():
     return _plugin_schema(
         KV_WRITE,
         doc="Functional KV page write: arena_out = arena with k/v rows scattered to slots (-1 skips).",
@@ -101,6 +100,7 @@ def kv_write_schema() -> OpSchema:
 
 
 def _registered(name: str) -> bool:
+    import onnx
     try:
         onnx.defs.get_schema(name, OPSET_VERSION, DOMAIN)
         return True
@@ -110,6 +110,7 @@ def _registered(name: str) -> bool:
 
 def register() -> None:
     """Register both schemas with `onnx.defs` once per process (safe to call repeatedly)."""
+    import onnx
     for name, build in ((PAGED_ATTENTION, paged_attention_schema), (KV_WRITE, kv_write_schema)):
         if not _registered(name):
             onnx.defs.register_schema(build())

@@ -5,6 +5,9 @@ where every layer's K/V block sits inside a frame (page geometry), the step grap
 schemas and (for TensorRT) the kernels compiled into it. Running an engine against a runtime that
 disagrees on any of them silently produces garbage, so `check_manifest` refuses a mismatch and names
 the field.
+
+Paths under `files` are relative to the engine directory, so a directory can be copied or moved
+as a whole (`resolve_file`).
 """
 from __future__ import annotations
 
@@ -13,13 +16,14 @@ import json
 import time
 from pathlib import Path
 
-from g4rt.models.config import Gemma4Config, config_from_dict
-from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.plugins import onnx_schemas as schemas
 
-from . import schemas
+from .config import Gemma4Config, config_from_dict
+from .layout import KVLayout, PageGeometry
+from .step import INPUTS, IO_CONTRACT_VERSION, OUTPUTS
 
 MANIFEST = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: files are relative paths inside the engine directory
 BACKENDS = ("onnxruntime", "inductor", "tensorrt")
 _PLUGINS_DIR = Path(__file__).resolve().parent.parent / "plugins"
 
@@ -59,8 +63,7 @@ def geometry_record(geometry: PageGeometry, page_tokens: int, align: int) -> dic
 
 
 def io_contract() -> dict:
-    from .onnx_export import IO_CONTRACT_VERSION, OUTPUT_NAMES, input_names
-    return {"version": IO_CONTRACT_VERSION, "inputs": list(input_names()), "outputs": list(OUTPUT_NAMES),
+    return {"version": IO_CONTRACT_VERSION, "inputs": list(INPUTS), "outputs": list(OUTPUTS),
             "metadata_dtype": "int32"}
 
 
@@ -83,6 +86,18 @@ def build_manifest(cfg: Gemma4Config, geometry: PageGeometry, *, backend: str, d
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         **(extra or {}),
     }
+
+
+def resolve_file(engine_dir: str | Path, manifest: dict, key: str) -> Path:
+    """The file `files[key]` of an engine directory, which must be a relative path inside it."""
+    rel = manifest.get("files", {}).get(key)
+    if rel is None:
+        raise ManifestError(f"{engine_dir}: manifest field 'files.{key}' is missing")
+    path = Path(rel)
+    if path.is_absolute() or ".." in path.parts:
+        raise ManifestError(f"{engine_dir}: manifest field 'files.{key}' is {rel!r}; engine files must be relative "
+                            f"paths inside the directory (rebuild the engine with `g4rt build`)")
+    return Path(engine_dir) / path
 
 
 def write_manifest(engine_dir: str | Path, manifest: dict) -> Path:

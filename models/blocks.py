@@ -1,0 +1,67 @@
+"""The decoder's elementwise math: torch references, and their Triton kernels where the model runs them.
+
+`rms_norm`, `gelu_tanh_mul`, `apply_rope` and the two fused blocks built from them (`qkv_norm_rope`,
+`add_rms_norm`) are written as Hugging Face writes them. `block(name, kernels, *args)` runs one of them:
+with `kernels == "triton"` as the opaque custom op `g4rt::<name>` (plugins/triton_norm.py), which the
+eager and the compiled engine both call, so they compute the same bits; with `"reference"` as the plain
+torch code below (what torch.export traces on CPU, so the ONNX graph has no custom node for them).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def block(name: str, kernels: str, *args):
+    """Elementwise block `name` through the kernels the model was configured with."""
+    if kernels == "triton":
+        import g4rt.plugins.triton_norm  # noqa: F401  (registers torch.ops.g4rt.<name>)
+        return getattr(torch.ops.g4rt, name)(*args)
+    return REFERENCE[name](*args)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
+    """Gemma 4 RMSNorm over the last dim: fp32 math, times the plain `weight` (not 1 + weight; None
+    for v_norm and the router's norm), cast back to x's dtype."""
+    x32 = x.float()
+    # torch.pow(..., -0.5) rather than rsqrt, as HF does, so the fp32 results agree bit for bit.
+    y = x32 * torch.pow(x32.pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        y = y * weight.float()
+    return y.type_as(x)
+
+
+def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    """The gated activation of every Gemma 4 MLP, expert and PLE gate: gelu_tanh(gate) * up."""
+    return F.gelu(gate, approximate="tanh") * up
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, D], cos/sin [T, D] in x's dtype; rotate_half pairs dims (i, i + D/2)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                  sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool):
+    """A packed q/k/v projection's output [T, (Hq + Hkv [+ Hkv]) * D] -> (q, k, v) [T, H, D]: q and k normed
+    with their weights and roped, v normed without weight. k_eq_v: there is no v block; v is the raw k."""
+    T, D = qkv.shape[0], cos.shape[-1]
+    blocks = qkv.split([num_q_heads * D] + [num_kv_heads * D] * (1 if k_eq_v else 2), dim=-1)
+    q, k = blocks[0].view(T, -1, D), blocks[1].view(T, -1, D)
+    v = k if k_eq_v else blocks[2].view(T, -1, D)
+    return (apply_rope(rms_norm(q, q_weight, eps), cos, sin), apply_rope(rms_norm(k, k_weight, eps), cos, sin),
+            rms_norm(v, None, eps))
+
+
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gemma's post-norm residual step followed by the next pre-norm: h = residual + norm(x) * x_weight,
+    returned with norm(h) * out_weight."""
+    h = residual + rms_norm(x, x_weight, eps)
+    return h, rms_norm(h, out_weight, eps)
+
+
+REFERENCE = {"rms_norm": rms_norm, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
+             "add_rms_norm": add_rms_norm}

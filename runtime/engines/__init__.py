@@ -1,0 +1,55 @@
+"""Engines: what turns one `StepBatch` into logits, and `open_engine`, which opens a built one.
+
+`Engine` is the protocol every backend meets:
+
+    geometry: PageGeometry
+    config: Gemma4Config
+    step(batch: StepBatch, seq_ids: list[int]) -> float32 logits [len(batch.logits_rows), V]
+    release(seq_id) -> None          # a request ended; drop any per-request state
+
+Backends: `EagerEngine` (the model in torch over the paged arena) and `LinearEngine` (the contiguous
+reference cache) run a model in memory (eager.py); `OrtEngine` (onnxruntime.py), `InductorEngine`
+(inductor.py) and `TrtEngine` (tensorrt.py) run an engine directory that `g4rt build` wrote, picked
+by its manifest's `backend`. Each backend module imports its own optional dependency, so opening one
+kind never needs another's.
+
+Paged engines ignore `seq_ids` (everything they need is in the batch's page tables). The linear
+reference needs them, because its contiguous caches are keyed by request, not by page.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol, Sequence
+
+import torch
+
+from g4rt.models import manifest as mf
+from g4rt.models.config import Gemma4Config
+from g4rt.models.layout import PageGeometry
+from g4rt.models.step import StepBatch
+
+
+class Engine(Protocol):
+    geometry: PageGeometry
+    config: Gemma4Config
+
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor: ...
+
+    def release(self, seq_id: int) -> None: ...
+
+
+def open_engine(engine_dir: str | Path, num_frames: int, **kw) -> Engine:
+    """Open any engine directory as an Engine, by its manifest's backend. Keyword arguments go to
+    that backend's engine (e.g. `kernels` for inductor, `threads` for onnxruntime)."""
+    backend = mf.read_manifest(engine_dir).get("backend")
+    if backend == "onnxruntime":
+        from .onnxruntime import OrtEngine
+        return OrtEngine(engine_dir, num_frames, **kw)
+    if backend == "inductor":
+        from .inductor import InductorEngine
+        return InductorEngine.open(engine_dir, num_frames, **kw)
+    if backend == "tensorrt":
+        from .tensorrt import TrtEngine
+        return TrtEngine(engine_dir, num_frames, **kw)
+    raise mf.ManifestError(f"{engine_dir}: manifest field 'backend' is {backend!r}, expected one of "
+                           f"{', '.join(mf.BACKENDS)}")
