@@ -13,7 +13,13 @@
 
 Both shapes walk only the keys some row of the tile can see: from max(first_page * P, p_first -
 window_left) up to p_last. Pages wholly outside the window are never touched, so a sliding layer's
-time stops growing with context once context > window.
+time stops growing with context once context > window. Key tiles that every row of the query tile
+sees whole (the interior of a long prefill chunk, all but the last tile of a decode) skip the
+per-score causal/window mask; only the tiles at the two edges are masked.
+
+Prefill with head dim 512 may cut the output columns across `dv_split` programs (config key): each
+recomputes the scores but holds a 1/dv_split accumulator and V tile, which is what limits the tile
+sizes at that head dim (registers and shared memory).
 
 Tiles may span pages: every key row looks up its own frame in the page table (a [BLOCK_N] int32
 load that mostly hits one cache line), so BLOCK_N is free of the page size (16-token sliding pages
@@ -39,19 +45,60 @@ LOG2E = 1.4426950408889634
 
 
 @triton.jit
+def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset,
+                  stride_frame, table_stride, t_end, dv0,
+                  HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
+                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """Online softmax over the key tiles starting in [lo, hi). MASK False: every row sees every key of
+    these tiles (the caller proved it), so the per-score causal/window mask is skipped; where it would
+    be all true the result is the same bits. Loads stay masked at t_end (cheap: one bit per key row)."""
+    d = tl.arange(0, D)
+    dv = dv0 + tl.arange(0, DV)
+    n_off = tl.arange(0, BLOCK_N)
+    for start in range(lo, hi, BLOCK_N):
+        kn = start + n_off
+        k_ok = kn < t_end
+        frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
+        base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            kt = kt.to(tl.float32)
+        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
+        if MASK:
+            seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
+            s = tl.where(seen, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+        p = tl.math.exp2(s - m_safe[:, None])
+        alpha = tl.math.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
+        if UPCAST:
+            vt = vt.to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
+        m_i = m_new
+    return m_i, l_i, acc
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
     scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    UPCAST: tl.constexpr, PREC: tl.constexpr,
+    DV_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
+    # DV_SPLIT > 1: each program writes 1/DV_SPLIT of the output's columns (same scores, recomputed),
+    # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
     ROWS: tl.constexpr = BLOCK_Q * GP
+    DV: tl.constexpr = D // DV_SPLIT
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
+    dv_part = pid0 % DV_SPLIT
+    pid0 = pid0 // DV_SPLIT
     mb = pid0 // num_splits
     split = pid0 % num_splits
 
@@ -69,6 +116,8 @@ def _paged_attn_kernel(
     row_ok = (qi < q_len) & (g < G)
     pos = kv_len - q_len + qi  # absolute position of each row's query
     d = tl.arange(0, D)
+    dv0 = dv_part * DV
+    dv = dv0 + tl.arange(0, DV)
     q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
     q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
@@ -86,40 +135,32 @@ def _paged_attn_kernel(
     per_split = tl.cdiv(n_tiles, num_splits)
     t_begin = k_lo + split * per_split * BLOCK_N
     t_end = tl.minimum(k_hi, t_begin + per_split * BLOCK_N)
+    # Tiles whose every key every row sees (k <= p_first, k >= p_last - wl, k < t_end) skip the masks:
+    # tiles [j0, j1) of this split's run; the ones before and after are masked.
+    tiles = tl.maximum(tl.cdiv(t_end - t_begin, BLOCK_N), 0)
+    j0 = tl.minimum(tl.maximum(tl.cdiv(p_last - wl - t_begin, BLOCK_N), 0), tiles)
+    j1 = tl.maximum(tl.minimum((tl.minimum(p_first + 1, t_end) - t_begin) // BLOCK_N, tiles), j0)
 
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
-    acc = tl.zeros([ROWS, D], tl.float32)
-    n_off = tl.arange(0, BLOCK_N)
-    for start in range(t_begin, t_end, BLOCK_N):
-        kn = start + n_off
-        k_ok = kn < t_end
-        frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
-        base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
-        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
-        seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
-        s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(arena_ptr + v_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
-        m_i = m_new
+    acc = tl.zeros([ROWS, DV], tl.float32)
+    m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl, arena_ptr,
+                                  table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride,
+                                  t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+    m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j0 * BLOCK_N, t_begin + j1 * BLOCK_N, pos, wl,
+                                  arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
+                                  table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, False, UPCAST, PREC)
+    m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j1 * BLOCK_N, t_end, pos, wl, arena_ptr,
+                                  table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride,
+                                  t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
 
     if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
-        tl.store(out_ptr + q_row[:, None] * D + d[None, :], out.to(out_ptr.dtype.element_ty),
+        tl.store(out_ptr + q_row[:, None] * D + dv[None, :], out.to(out_ptr.dtype.element_ty),
                  mask=row_ok[:, None])
     else:
         ws_row = q_row * num_splits + split
-        tl.store(ws_acc_ptr + ws_row[:, None] * D + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(ws_acc_ptr + ws_row[:, None] * D + dv[None, :], acc, mask=row_ok[:, None])
         tl.store(ws_ml_ptr + ws_row * 2, m_i, mask=row_ok)
         tl.store(ws_ml_ptr + ws_row * 2 + 1, l_i, mask=row_ok)
 
@@ -199,7 +240,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     from shapes and Python ints.
 
     Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned),
-    `num_splits` (force the decode split count), `config` (tile overrides, see default_config),
+    `num_splits` (force the decode split count), `config` (tile overrides, see default_config;
+    `dv_split` > 1 cuts the output columns across programs, prefill only),
     `decode` (force or forbid the decode launch shape; it needs T == B)."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
@@ -239,12 +281,16 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         ws_acc = ws_ml = out  # never touched
     upcast = interpreting()
     prec = "ieee" if q.dtype == torch.float32 else "tf32"
-    grid = (m_blocks * num_splits, B, HKV)
+    dv_split = cfg.get("dv_split", 1)
+    if dv_split < 1 or D % dv_split or (D // dv_split) < 16 or (dv_split > 1 and num_splits > 1):
+        raise ValueError(f"dv_split must divide head_dim {D} into parts >= 16 and needs one split, got "
+                         f"dv_split={dv_split}, num_splits={num_splits}")
+    grid = (m_blocks * num_splits * dv_split, B, HKV)
     _paged_attn_kernel[grid](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
         num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
-        BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, UPCAST=upcast, PREC=prec,
+        BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, UPCAST=upcast, PREC=prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:

@@ -4,9 +4,16 @@ One `LLM` owns a frame pool, a scheduler and an engine. The engine is the only t
 between the paged path (`EagerEngine`, or a compiled engine with the same `step`) and the linear
 reference (`LinearEngine`); the scheduler and its step batches are identical, which is what makes
 paged-vs-linear byte equality a meaningful test (engines/eager.py says why).
+
+The step loop keeps the device busy: `step()` schedules and launches step n+1 (its placeholder
+tokens filled on the device from step n's sampled ids, scheduler.py), and only then waits for step
+n's ids (one device-to-host copy of the whole step's tokens) and commits them, so scheduling, input
+building and output processing of one step run while the device computes the next. Engines that
+cannot take device-supplied tokens (`takes_feed` false) run one step at a time.
 """
 from __future__ import annotations
 
+from collections import deque
 from dataclasses import dataclass, field
 
 import torch
@@ -14,11 +21,11 @@ import torch
 from g4rt.models.layout import PageGeometry
 
 from .arena import Arena, frames_in_budget
-from .engines import Engine
+from .engines import Engine, Feed
 from .engines.eager import EagerEngine, LinearEngine
 from .pages import FramePool
-from .sampling import Sampler, SamplingParams
-from .scheduler import Scheduler, SchedulerConfig, Sequence
+from .sampling import BatchSampler, SamplingParams
+from .scheduler import ScheduledStep, Scheduler, SchedulerConfig, Sequence
 
 
 @dataclass
@@ -31,6 +38,7 @@ class RequestOutput:
     ttft_s: float | None  # arrival to first token
     total_s: float  # arrival to finish
     logits: list[torch.Tensor] = field(default_factory=list)  # per sampled token, when recorded
+    logprobs: list[tuple[float, list[tuple[int, float]]]] | None = None  # per token, when requested
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -39,22 +47,46 @@ class RequestOutput:
         return (len(self.token_ids) - 1) / (self.total_s - self.ttft_s)
 
 
+@dataclass
+class _Launched:
+    """A step on the device: its sampled ids there, their host copy, and the event that copy ends on."""
+
+    step: ScheduledStep
+    tokens: torch.Tensor  # int64 [rows] on the engine's device
+    host: torch.Tensor  # int64 [rows] on the host (pinned on CUDA)
+    done: torch.cuda.Event | None  # None on CPU: the copy is complete when it returns
+    logits: torch.Tensor | None = None  # the step's logits rows on the host, when recorded
+    logprobs: tuple | None = None  # (rows, chosen, top values, top ids) on the device, when requested
+
+
+def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
+    """A small int64 host list on `device`, copied from pinned memory on CUDA (so it does not wait)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+
+
 class LLM:
     """Serve one model. Build with `LLM.paged(...)`, `LLM.reference(...)` or from any `Engine`.
 
     `record_logits=True` keeps every sampled logits row on the outputs (tests compare them).
+    `overlap=False` runs one step at a time even when the engine could overlap (the bench's A/B).
     """
 
     def __init__(self, engine: Engine, num_frames: int, config: SchedulerConfig = SchedulerConfig(),
-                 eos_ids=(), shuffle_seed: int | None = None, record_logits: bool = False):
+                 eos_ids=(), shuffle_seed: int | None = None, record_logits: bool = False, overlap: bool = True):
         self.engine = engine
         self.pool = FramePool(num_frames, shuffle_seed)
         self.scheduler = Scheduler(engine.geometry, self.pool, config)
         self.eos_ids = tuple(eos_ids)
         self.record_logits = record_logits
-        self._samplers: dict[int, Sampler] = {}
+        self.overlap = overlap and getattr(engine, "takes_feed", False)
+        if hasattr(engine, "plan_batches"):
+            engine.plan_batches(config.max_num_seqs)  # e.g. CUDA-graph buckets up to what is admitted
+        self.sampler = BatchSampler()
+        self._launched: deque[_Launched] = deque()
         self._logits: dict[int, list[torch.Tensor]] = {}
         self._pending: dict[int, Sequence] = {}
+        self._logprobs: dict[int, tuple[int, list]] = {}  # request id -> (top n, entries so far)
 
     # ---- constructors ------------------------------------------------------------------------
     @classmethod
@@ -83,9 +115,13 @@ class LLM:
         return cls(LinearEngine(model, geometry), num_frames, eos_ids=model.config.eos_token_ids, **kw)
 
     # ---- requests ----------------------------------------------------------------------------
-    def add_request(self, prompt_token_ids, params: SamplingParams = SamplingParams()) -> int:
+    def add_request(self, prompt_token_ids, params: SamplingParams = SamplingParams(),
+                    logprobs: int | None = None) -> int:
+        """Queue a request. `logprobs=n` records, per sampled token, its log-probability under the model
+        (log-softmax of the logits) and the n likeliest tokens' (`token_logprobs`, RequestOutput.logprobs)."""
         seq = self.scheduler.add(list(prompt_token_ids), params, self.eos_ids)
-        self._samplers[seq.seq_id] = Sampler(params)
+        if logprobs is not None:
+            self._logprobs[seq.seq_id] = (logprobs, [])
         self._logits[seq.seq_id] = []
         self._pending[seq.seq_id] = seq
         return seq.seq_id
@@ -95,30 +131,88 @@ class LLM:
         self.engine.release(request_id)
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_unfinished()
+        return self.scheduler.has_unfinished() or bool(self._launched)
 
     def step(self) -> list[RequestOutput]:
-        """Run one step; return the requests that finished in it (cancelled ones included)."""
+        """Launch the next step, then commit the one before it (with `overlap`; else this one);
+        return the requests that finished (cancelled ones included)."""
         step = self.scheduler.schedule()
         if step is not None:
-            try:
-                logits = self.engine.step(step.batch, step.seq_ids)
-            except BaseException as e:
-                self.scheduler.fail(step, e)
-                for seq in step.seqs:
-                    self.engine.release(seq.seq_id)
-                raise
-            greedy = logits.argmax(dim=-1).tolist()  # one device sync for every greedy row of the step
-            tokens = []
-            for i, seq in enumerate(step.sampled):
-                sampler = self._samplers[seq.seq_id]
-                tokens.append(greedy[i] if sampler.params.greedy else sampler(logits[i]))
-                if self.record_logits:
-                    self._logits[seq.seq_id].append(logits[i].float().cpu().clone())
-            self.scheduler.commit(step, tokens)
-        elif self.scheduler.running:
+            self._launch(step)
+        elif self.scheduler.running and not self._launched:
             raise RuntimeError("scheduler made no progress with requests running (a budget bug)")
+        while len(self._launched) > (1 if self.overlap and step is not None else 0):
+            self._commit_oldest()
         return self.take_finished()
+
+    def _fail(self, step: ScheduledStep, error: BaseException) -> None:
+        self.scheduler.fail(step, error)
+        for seq in step.seqs:
+            self.engine.release(seq.seq_id)
+
+    def _launch(self, step: ScheduledStep) -> None:
+        """Queue `step` on the device: the engine's step, the sampler, the copy of the ids to the host."""
+        try:
+            if step.feed_index:
+                prev = self._launched[-1]  # the step whose ids the placeholders are (scheduler.py)
+                dev = prev.tokens.device
+                feed = Feed(_on_device(step.feed_index, dev), prev.tokens[_on_device(step.feed_rows, dev)])
+                logits = self.engine.step(step.batch, step.seq_ids, feed=feed)
+            else:
+                logits = self.engine.step(step.batch, step.seq_ids)
+            tokens = self.sampler(logits, step.sampling)
+            cuda = tokens.device.type == "cuda"
+            host = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=cuda)
+            host.copy_(tokens, non_blocking=cuda)
+            done = None
+            if cuda:
+                done = torch.cuda.Event()
+                done.record()
+            kept = logits.float().cpu().clone() if self.record_logits else None
+            lps = self._logprobs_on_device(step, logits, tokens)
+        except BaseException as e:
+            self._fail(step, e)
+            raise
+        self._launched.append(_Launched(step, tokens, host, done, kept, lps))
+
+    def _logprobs_on_device(self, step: ScheduledStep, logits: torch.Tensor, tokens: torch.Tensor):
+        """Queue the log-probabilities of the rows whose requests asked for them (read at commit)."""
+        rows = [i for i, seq in enumerate(step.sampled) if seq.seq_id in self._logprobs]
+        if not rows:
+            return None
+        idx = torch.tensor(rows, device=logits.device)
+        lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
+        k = max(self._logprobs[step.sampled[i].seq_id][0] for i in rows)
+        top = lp.topk(k, dim=-1)
+        return rows, lp.gather(1, tokens.index_select(0, idx).view(-1, 1).long()).view(-1), top.values, top.indices
+
+    def token_logprobs(self, request_id: int) -> list[tuple[float, list[tuple[int, float]]]]:
+        """(logprob, [(token id, logprob) of the n likeliest]) per committed token of a request added
+        with `logprobs=n`; empty for other requests."""
+        return self._logprobs.get(request_id, (0, []))[1]
+
+    def _commit_oldest(self) -> None:
+        """Wait for the oldest launched step's ids (the step's one device-to-host copy) and commit them."""
+        launched = self._launched.popleft()
+        try:
+            if launched.done is not None:
+                launched.done.synchronize()
+            tokens = launched.host.tolist()
+        except BaseException as e:  # an asynchronous device error surfaces here
+            self._fail(launched.step, e)
+            raise
+        if launched.logprobs is not None:
+            rows, chosen, values, ids = (x if isinstance(x, list) else x.tolist() for x in launched.logprobs)
+            for j, i in enumerate(rows):
+                seq = launched.step.sampled[i]
+                if not seq.finished:
+                    n, entries = self._logprobs[seq.seq_id]
+                    entries.append((chosen[j], list(zip(ids[j][:n], values[j][:n]))))
+        if launched.logits is not None:  # rows of requests still running (not a wasted row after a stop)
+            for i, seq in enumerate(launched.step.sampled):
+                if not seq.finished:
+                    self._logits[seq.seq_id].append(launched.logits[i])
+        self.scheduler.commit(launched.step, tokens)
 
     def take_finished(self) -> list[RequestOutput]:
         """Outputs of requests that ended and were not yet handed out (each is handed out once)."""
@@ -127,12 +221,12 @@ class LLM:
             if seq.finished:
                 del self._pending[rid]
                 self.engine.release(rid)
-                self._samplers.pop(rid)
                 self.scheduler.forget(rid)
                 out.append(RequestOutput(
                     rid, list(seq.prompt), seq.output, seq.finish_reason, seq.error,
                     None if seq.first_token_time is None else seq.first_token_time - seq.arrival,
-                    seq.finish_time - seq.arrival, self._logits.pop(rid)))
+                    seq.finish_time - seq.arrival, self._logits.pop(rid),
+                    logprobs=self._logprobs.pop(rid, (0, None))[1]))
         return out
 
     def generate(self, prompts, params: SamplingParams | list[SamplingParams] = SamplingParams()) -> list[RequestOutput]:

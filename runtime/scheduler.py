@@ -11,7 +11,15 @@ Policy (first come, first served, no preemption):
 Promises are taken at admission, so a running request can always lease its next pages and nothing
 is ever preempted. The scheduler builds the `StepBatch` (int32, both groups' tables and slots) and a
 `logits_rows` entry for every sequence whose step ends at the end of its known tokens; `commit`
-appends the sampled tokens, applies stop conditions and returns pages.
+appends the sampled tokens and applies stop conditions.
+
+One step may be in flight while the next is scheduled (llm.py overlaps them): a sequence whose last
+token was sampled on the device but not yet seen by the host (`inflight`) is scheduled as usual, its
+unknown token a placeholder the engine fills on the device from the previous step's sampled ids
+(`ScheduledStep.feed_index` / `feed_rows`). So `computed` advances when a step is built, and pages
+no later step reads go back right after the build: a frame freed then can only be written by a later
+step, which the device runs after the in-flight one. A request stopped by a token the host has not
+seen yet costs one wasted row in the next step; one that reaches max_new_tokens is not scheduled again.
 """
 from __future__ import annotations
 
@@ -27,7 +35,7 @@ from g4rt.models.step import StepBatch
 
 from .admission import check_fits, promise_for
 from .pages import FramePool, FullGroup, RequestPages, SlidingGroup
-from .sampling import SamplingParams
+from .sampling import SamplingParams, SamplingRows, request_seed
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,9 @@ class Sequence:
     arrival: float = field(default_factory=time.perf_counter)
     first_token_time: float | None = None
     finish_time: float | None = None
+    seed: int = 0  # the sampling stream's seed (sampling.py)
+    inflight: int = 0  # tokens sampled on the device that the host has not committed yet (0 or 1)
+    feed_row: int = -1  # while inflight: the row of the in-flight step's sampled ids holding the token
 
     @property
     def output(self) -> list[int]:
@@ -75,6 +86,11 @@ class Sequence:
     @property
     def finished(self) -> bool:
         return self.status == "finished"
+
+    @property
+    def draws(self) -> int:
+        """Tokens sampled so far, committed or in flight: the counter of the next draw's noise."""
+        return len(self.tokens) - len(self.prompt) + self.inflight
 
 
 @dataclass
@@ -85,6 +101,9 @@ class ScheduledStep:
     seqs: list[Sequence]  # batch order
     counts: list[int]  # tokens each sequence computes
     sampled: list[Sequence]  # sequences owning logits_rows, in row order
+    sampling: SamplingRows  # their sampling settings, row order
+    feed_index: list[int] = field(default_factory=list)  # flat tokens whose ids the device supplies
+    feed_rows: list[int] = field(default_factory=list)  # ... from these rows of the previous step's ids
 
     @property
     def seq_ids(self) -> list[int]:
@@ -119,7 +138,8 @@ class Scheduler:
         check_fits(self._promise(len(prompt), params), self.pool.num_frames, len(prompt),
                    params.max_new_tokens, self.config.chunk)
         stops = set(params.stop_token_ids) | (set() if params.ignore_eos else set(eos_ids))
-        seq = Sequence(next(self._ids), prompt, params, frozenset(stops), tokens=list(prompt))
+        seq = Sequence(next(self._ids), prompt, params, frozenset(stops), tokens=list(prompt),
+                       seed=request_seed(params))
         self.waiting.append(seq)
         self.seqs[seq.seq_id] = seq
         return seq
@@ -166,7 +186,9 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         plan: list[tuple[Sequence, int]] = []
         for seq in self.running:
-            n = min(len(seq.tokens) - seq.computed, self.config.chunk, budget)
+            if seq.inflight and len(seq.output) + seq.inflight >= seq.params.max_new_tokens:
+                continue  # its in-flight token is its last: it finishes when that is committed
+            n = min(len(seq.tokens) + seq.inflight - seq.computed, self.config.chunk, budget)
             if n > 0:
                 plan.append((seq, n))
                 budget -= n
@@ -189,11 +211,17 @@ class Scheduler:
     def _build(self, plan: list[tuple[Sequence, int]]) -> ScheduledStep:
         token_ids, positions, s_slots, f_slots, rows, sampled = [], [], [], [], [], []
         cu_q, kv_lens, s_rows, s_first, f_rows = [0], [], [], [], []
+        feed_index, feed_rows = [], []
         for seq, n in plan:
             start = seq.computed
             span = range(start, start + n)
             seq.pages.prepare(start, n)  # leases within the promise; PastPagesError if impossible
-            token_ids += seq.tokens[start:start + n]
+            known = seq.tokens[start:start + n]
+            if len(known) < n:  # the last token is the in-flight one: the device supplies it
+                feed_index.append(len(token_ids) + len(known))
+                feed_rows.append(seq.feed_row)
+                known.append(0)
+            token_ids += known
             positions += list(span)
             s_slots += seq.pages.slots("sliding", span)
             f_slots += seq.pages.slots("full", span)
@@ -202,7 +230,7 @@ class Scheduler:
             s_rows.append(seq.pages.sliding.frames)
             s_first.append(seq.pages.sliding.first_page)
             f_rows.append(seq.pages.full.frames)
-            if start + n == len(seq.tokens):
+            if start + n == len(seq.tokens) + seq.inflight:
                 rows.append(cu_q[-1] - 1)
                 sampled.append(seq)
 
@@ -215,20 +243,29 @@ class Scheduler:
 
         batch = StepBatch(i32(token_ids), i32(positions), i32(cu_q), i32(kv_lens), table(s_rows), i32(s_first),
                           i32(s_slots), table(f_rows), i32(f_slots), i32(rows))
-        return ScheduledStep(batch, [s for s, _ in plan], [n for _, n in plan], sampled)
+        sampling = SamplingRows([s.params.temperature for s in sampled], [s.params.top_k for s in sampled],
+                                [s.params.top_p for s in sampled], [s.seed for s in sampled],
+                                [s.draws for s in sampled])
+        for seq, n in plan:
+            seq.computed += n
+        for row, seq in enumerate(sampled):
+            seq.inflight += 1
+            seq.feed_row = row
+        for seq, _ in plan:  # after every lease of this step, so no frame it reads is re-leased in it
+            seq.pages.trim(seq.computed)
+        return ScheduledStep(batch, [s for s, _ in plan], [n for _, n in plan], sampled, sampling,
+                             feed_index, feed_rows)
 
     def commit(self, step: ScheduledStep, new_tokens: list[int]) -> list[Sequence]:
         """Apply a finished step: `new_tokens[i]` is the token sampled for `step.sampled[i]`.
         Returns the requests that finished in this step."""
         if len(new_tokens) != len(step.sampled):
             raise ValueError(f"commit got {len(new_tokens)} tokens for {len(step.sampled)} logits rows")
-        for seq, n in zip(step.seqs, step.counts):
-            if not seq.finished:
-                seq.computed += n
         done = []
         now = time.perf_counter()
         for seq, tok in zip(step.sampled, new_tokens):
-            if seq.finished:  # cancelled while the step ran
+            seq.inflight -= 1
+            if seq.finished:  # cancelled, failed or stopped while the step ran
                 continue
             seq.tokens.append(int(tok))
             seq.first_token_time = seq.first_token_time or now
@@ -238,7 +275,4 @@ class Scheduler:
                 self.finish(seq, "length")
             if seq.finished:
                 done.append(seq)
-        for seq in step.seqs:
-            if not seq.finished:
-                seq.pages.trim(seq.computed)
         return done

@@ -52,9 +52,9 @@ def run_both(model, prompts, params, config, num_frames=None, shuffle_seed=11):
                       record_logits=True)
     inner = paged.engine.step
 
-    def step(batch, seq_ids=()):
+    def step(batch, seq_ids=(), **kw):
         counting.append(len(seq_ids))
-        return inner(batch, seq_ids)
+        return inner(batch, seq_ids, **kw)
 
     paged.engine.step = step
     linear = LLM.reference(model, num_frames=frames, page_tokens=PAGE, config=config, record_logits=True)

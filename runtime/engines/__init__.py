@@ -7,6 +7,14 @@
     step(batch: StepBatch, seq_ids: list[int]) -> float32 logits [len(batch.logits_rows), V]
     release(seq_id) -> None          # a request ended; drop any per-request state
 
+An engine with `takes_feed = True` also accepts `step(..., feed=Feed)`: token ids the device
+supplies, so the runtime can schedule a step before it has seen the previous step's ids
+(runtime/llm.py). The logits may be a view valid until the next step.
+
+An engine may also offer `warmup(max_seqs, max_sliding_pages, max_full_pages)`: do before the first
+request whatever a step of those bounds would otherwise do on first use (CUDA-graph capture); the
+service calls it before it reports ready (runtime/service/engine_loop.py). Eager engines need none.
+
 Backends: `EagerEngine` (the model in torch over the paged arena) and `LinearEngine` (the contiguous
 reference cache) run a model in memory (eager.py); `OrtEngine` (onnxruntime.py), `InductorEngine`
 (inductor.py) and `TrtEngine` (tensorrt.py) run an engine directory that `g4rt build` wrote, picked
@@ -18,6 +26,7 @@ reference needs them, because its contiguous caches are keyed by request, not by
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -27,6 +36,20 @@ from g4rt.models import manifest as mf
 from g4rt.models.config import Gemma4Config
 from g4rt.models.layout import PageGeometry
 from g4rt.models.step import StepBatch
+
+
+@dataclass
+class Feed:
+    """Token ids a step takes from the device instead of its batch: `token_ids[index] = tokens`.
+
+    Step n+1 is scheduled before the host has seen step n's sampled ids; those tokens are
+    placeholders in its batch, and `tokens` are step n's ids for them, still on the device."""
+
+    index: torch.Tensor  # int64 [F]: flat token indices, on the engine's device
+    tokens: torch.Tensor  # int64 [F], on the engine's device
+
+    def apply(self, token_ids: torch.Tensor) -> None:
+        token_ids.index_copy_(0, self.index, self.tokens.to(token_ids.dtype))
 
 
 class Engine(Protocol):

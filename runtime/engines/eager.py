@@ -19,6 +19,7 @@ from g4rt.models.paged import PagedStep
 from g4rt.models.step import StepBatch
 
 from ..arena import Arena
+from . import Feed
 
 
 class EagerEngine:
@@ -32,9 +33,13 @@ class EagerEngine:
         self.paged = PagedStep(model, geometry)
         self.device = arena.device
 
+    takes_feed = True
+
     @torch.inference_mode()
-    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = (), feed: Feed | None = None) -> torch.Tensor:
         batch = batch.to(self.device) if self.device.type != "cpu" else batch
+        if feed is not None:
+            feed.apply(batch.token_ids)
         return self.paged.forward(self.arena.tensor, *batch.tensors())
 
     def release(self, seq_id: int) -> None:
@@ -53,8 +58,10 @@ class LinearEngine:
         self.cache = LinearCache()
         self.device = next(model.parameters()).device
 
+    takes_feed = True
+
     @torch.inference_mode()
-    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = (), feed: Feed | None = None) -> torch.Tensor:
         if len(seq_ids) != batch.num_seqs:
             raise ValueError(f"LinearEngine needs one seq id per sequence: got {len(seq_ids)} for {batch.num_seqs}")
         q_lens = (batch.cu_q[1:] - batch.cu_q[:-1]).tolist()
@@ -64,6 +71,8 @@ class LinearEngine:
                 raise ValueError(f"sequence {sid}: the linear cache holds {self.cache.seq_len(sid)} positions, "
                                  f"the batch continues at {kv_len - n}")
         b = batch.to(self.device) if self.device.type != "cpu" else batch
+        if feed is not None:
+            feed.apply(b.token_ids)
         hidden = self.model(b.token_ids, b.positions, self.cache)
         return self.model.logits(hidden[b.logits_rows.long()])
 

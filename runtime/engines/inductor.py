@@ -10,8 +10,16 @@ Decode graphs: a decode step has one token per sequence (T == B == R). Its batch
 host to the next bucket size B' >= B (and a page-table width bucket) with dummy sequences (one token at
 position 0, slots -1, so it writes nothing and reads frame 0), copied to the graph's static inputs in
 one transfer, and the captured graph is replayed; the logits of the real rows are returned. Other
-steps (prefill) run the compiled module directly. The capture runs on CUDA only (bench/engine.py);
-the CPU suite checks the padding (tests/test_engine_inductor.py).
+steps (prefill) run the compiled module directly. Buckets go up to the largest batch the scheduler
+admits (`plan_batches`, called by the runtime with its max_num_seqs).
+
+The runtime schedules a step while the previous one is still on the device (runtime/llm.py), so the
+host side of a step must not wait for the device: each bucket has two pinned host buffers used in
+turn (one may still be feeding the in-flight step's copy), tokens the host has not seen yet come in
+as a `Feed` written on the device after the copy, and the returned logits are a view of the shared
+logits buffer, valid until the next step (the sampler reads them in stream order before it).
+The capture runs on CUDA only (bench/engine.py); the CPU suite checks the padding
+(tests/test_engine_inductor.py).
 """
 from __future__ import annotations
 
@@ -31,7 +39,12 @@ from g4rt.plugins.buckets import pow2_bucket
 
 from ..arena import Arena
 
-BATCH_BUCKETS = tuple(1 << i for i in range(9))  # pow2_bucket's values up to 256 decode sequences
+MAX_BATCH = 256  # decode graphs are captured up to this many sequences unless the runtime plans more
+
+
+def batch_buckets(max_batch: int) -> tuple[int, ...]:
+    """pow2_bucket's values up to the bucket of `max_batch`: the decode graphs' batch sizes."""
+    return tuple(1 << i for i in range(pow2_bucket(max_batch).bit_length()))
 
 
 class DecodeInputs:
@@ -112,7 +125,7 @@ class InductorEngine:
     the model itself is left uncompiled: the engine works on a copy of its module tree that shares the
     weights); "step" compiles the whole step as one graph (fusion across layer boundaries, but Dynamo
     traces every layer: the 31B's 60 layers took 404 s of compile and capture on the H200,
-    export/results). Both scopes are checked against eager in tests/test_export_inductor.py.
+    export/results). Both scopes are checked against eager in tests/test_engine_inductor.py.
     """
 
     def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default",
@@ -136,9 +149,39 @@ class InductorEngine:
         self.module = ArenaStep(PagedStep(step_model, geometry), self.arena.tensor)
         self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
                          if compile_mode and not per_layer else self.module)
-        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, DecodeInputs, DecodeInputs]] = {}
+        self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[DecodeInputs], DecodeInputs]] = {}
         self._pool = None
         self._logits: torch.Tensor | None = None  # [largest bucket, vocab] fp32, every graph's output
+        self._turn = 0  # which of a bucket's two host buffers the next decode step fills
+        self.plan_batches(MAX_BATCH)
+
+    takes_feed = True
+
+    def plan_batches(self, max_batch: int) -> None:
+        """Capture decode graphs for batches up to `max_batch` (the scheduler's max_num_seqs)."""
+        buckets = batch_buckets(max_batch)
+        if self._logits is not None and buckets[-1] > self._logits.shape[0]:
+            raise ValueError(f"decode graphs share a logits buffer of {self._logits.shape[0]} rows, captured "
+                             f"already; plan_batches({max_batch}) must come before the first decode step")
+        self.buckets = buckets
+
+    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int) -> int:
+        """Capture every decode graph a scheduler within these bounds can ask for, so that no request
+        waits for a capture (`g4rt serve` calls this before it reports ready); returns how many.
+
+        A batch's sliding-table width comes from some request whose full table is at most the batch's
+        full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur."""
+        if self.device.type != "cuda":
+            return 0
+        pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]
+
+        def upto(n: int) -> list[int]:
+            return sorted({pow2_bucket(i) for i in range(1, max(1, n) + 1)})
+        keys = [(b, s, f) for b in upto(min(max_seqs, self.buckets[-1])) for f in upto(max_full_pages)
+                for s in upto(min(max_sliding_pages, -(-f * pt_f // pt_s)))]
+        for key in keys:
+            self._graph_for(key)
+        return len(keys)
 
     @classmethod
     def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda",
@@ -163,12 +206,12 @@ class InductorEngine:
         buffer shared by every graph, so more buckets cost no more than their intermediates."""
         if key not in self._graphs:
             b = key[0]
-            host = DecodeInputs(*key, pin=True)
-            host.fill(None)  # a dummy batch (every row a padded one) for warm-up and capture
+            hosts = [DecodeInputs(*key, pin=True) for _ in range(2)]
+            hosts[0].fill(None)  # a dummy batch (every row a padded one) for warm-up and capture
             device = DecodeInputs(*key, device=self.device)
-            device.flat.copy_(host.flat)
+            device.flat.copy_(hosts[0].flat)
             if self._logits is None:
-                self._logits = torch.empty(BATCH_BUCKETS[-1], self.config.vocab_size, dtype=torch.float32,
+                self._logits = torch.empty(self.buckets[-1], self.config.vocab_size, dtype=torch.float32,
                                            device=self.device)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
@@ -180,27 +223,37 @@ class InductorEngine:
             with torch.cuda.graph(graph, pool=self._pool):
                 self._logits[:b].copy_(self.compiled(*device.views))
             self._pool = graph.pool()
-            self._graphs[key] = (graph, host, device)
+            self._graphs[key] = (graph, hosts, device)
         return self._graphs[key]
 
-    def _decode(self, batch: StepBatch) -> torch.Tensor:
+    def _decode(self, batch: StepBatch, feed) -> torch.Tensor:
         n = batch.num_seqs
         key = tuple(pow2_bucket(w) for w in (n, batch.sliding_table.shape[1], batch.full_table.shape[1]))
-        graph, host, device = self._graph_for(key)
-        # The host buffer is free to overwrite: the runtime read the previous step's logits, which waited
-        # for that step's copy and replay.
+        graph, hosts, device = self._graph_for(key)
+        # Two host buffers in turn: the runtime has waited for the sampled ids of the step before the
+        # previous one, so the buffer that step's copy read is free; the other may still be in use.
+        host = hosts[self._turn]
+        self._turn ^= 1
         host.fill(batch)
         device.flat.copy_(host.flat, non_blocking=True)
+        if feed is not None:
+            feed.apply(device.fields["token_ids"])
         graph.replay()
-        return self._logits[:n].clone()
+        return self._logits[:n]
 
     # ---- Engine protocol -------------------------------------------------------------------------
     @torch.inference_mode()
-    def step(self, batch: StepBatch, seq_ids: Sequence[int] = ()) -> torch.Tensor:
+    def step(self, batch: StepBatch, seq_ids: Sequence[int] = (), feed=None) -> torch.Tensor:
+        """Logits of `batch` (a view valid until the next step); `feed` as in runtime.engines.Feed."""
         decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
-        if decode and batch.num_seqs <= BATCH_BUCKETS[-1]:
-            return self._decode(batch)
-        return self.compiled(*batch.to(self.device).tensors())
+        if decode and batch.num_seqs <= self.buckets[-1] and self.device.type == "cuda":
+            return self._decode(batch, feed)
+        if self.device.type == "cuda":  # pinned, so the copies do not wait for the step in flight
+            batch = StepBatch(*(t.pin_memory() for t in batch.tensors()))
+        batch = batch.to(self.device)
+        if feed is not None:
+            feed.apply(batch.token_ids)
+        return self.compiled(*batch.tensors())
 
     def release(self, seq_id: int) -> None:
         """Nothing to do: the runtime owns the pages."""
