@@ -5,7 +5,7 @@ metadata int32), outputs `OUTPUTS`: `logits` (float32 [R, V]) and `arena_out` (t
 step's KV writes; TensorRT aliases it to `arena`, ORT returns a new buffer that the runner feeds
 back). Its symbolic dims become the export's dynamic shapes; frame_elems and every weight are fixed.
 
-Custom ops become `gemma4::G4PagedAttention` / `gemma4::G4KVWrite` nodes through a
+Custom ops become `gemma4::G4PagedAttention` / `G4KVWrite` / `G4MoE` nodes through a
 `custom_translation_table` (needs the schemas of plugins/onnx_schemas.py), and their reference bodies from
 plugins/onnx_functions.py ride along as model-local functions so ONNX Runtime can run the file.
 
@@ -61,10 +61,15 @@ def _kv_write(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int, 
                               **schemas.plugin_attrs())
 
 
+def _moe(x, idx, w, gate_up, down, kernels: str):
+    return _opset().G4MoE(x, idx, w, gate_up, down, **schemas.plugin_attrs())
+
+
 def translation_table() -> dict:
     """torch op overload -> onnxscript translation, for `torch.onnx.export(custom_translation_table=)`."""
     return {torch.ops.g4rt.paged_attention.default: _paged_attention,
-            torch.ops.g4rt.kv_write.default: _kv_write}
+            torch.ops.g4rt.kv_write.default: _kv_write,
+            torch.ops.g4rt.moe.default: _moe}
 
 
 # ---- tracing inputs ----------------------------------------------------------------------------

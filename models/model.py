@@ -151,8 +151,35 @@ class MLP(nn.Module):
         return self.down_proj(block("gelu_tanh_mul", self.kernels, self.gate_proj(x), self.up_proj(x)))
 
 
+def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's routing from the router logits [T, E]: softmax in fp32 over all experts, then top-k,
+    renormalised to sum 1, times per_expert_scale. Returns (w fp32 [T, k], idx int64 [T, k])."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    w, idx = torch.topk(probs, top_k, dim=-1)
+    w = w / w.sum(dim=-1, keepdim=True)
+    return w * per_expert_scale[idx], idx
+
+
+@torch.library.custom_op("g4rt::route", mutates_args=())
+def _route_op(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    return route(logits, per_expert_scale, top_k)
+
+
+@_route_op.register_fake
+def _(logits, per_expert_scale, top_k):
+    T = logits.shape[0]
+    return logits.new_empty(T, top_k, dtype=torch.float32), logits.new_empty(T, top_k, dtype=torch.int64)
+
+
 class Router(nn.Module):
-    """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale."""
+    """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale.
+
+    With the Triton kernels (CUDA) `route` runs as the opaque op `g4rt::route`, the same ATen kernels in
+    the eager and the compiled engine: Inductor would sum the softmax and the renormalisation in another
+    order, and a weight one fp32 ulp apart can flip a bf16 bit of the experts' sum. With the reference
+    (CPU, torch.export) it is plain torch, so the ONNX graph has Softmax and TopK."""
+
+    kernels = "reference"
 
     def __init__(self, cfg: Gemma4Config, dtype, device):
         super().__init__()
@@ -165,26 +192,18 @@ class Router(nn.Module):
         self.per_expert_scale = nn.Parameter(torch.ones(E, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        z = self.norm(x) * self.scale * self.root
-        probs = torch.softmax(self.proj(z), dim=-1, dtype=torch.float32)
-        w, idx = torch.topk(probs, self.top_k, dim=-1)
-        w = w / w.sum(dim=-1, keepdim=True)
-        return w * self.per_expert_scale[idx], idx
+        logits = self.proj(self.norm(x) * self.scale * self.root)
+        fn = torch.ops.g4rt.route if self.kernels == "triton" else route
+        return fn(logits, self.per_expert_scale, self.top_k)
 
 
 class Experts(nn.Module):
-    """Fused expert weights: gate_up_proj [E, 2I, H] (rows [0:I] gate, [I:2I] up), down_proj [E, H, I].
+    """Fused expert weights: gate_up_proj [E, 2I, H] (rows [0:I] gate, [I:2I] up), down_proj [E, H, I],
+    run by the plugin op `g4rt::moe` (plugins/README.md): HF's eager experts arithmetic (ascending expert
+    ids, weighted outputs added into a model-dtype accumulator; not its default grouped_mm, whose order
+    differs). One opaque node for torch.compile and the ONNX export (`gemma4::G4MoE`); the Triton kernels
+    read only the experts some token chose."""
 
-    Experts run in ascending id order and add their weighted outputs into a model-dtype accumulator,
-    which is HF's "eager" experts implementation (not its default grouped_mm, whose accumulation order
-    differs). The eager loop visits only experts that some token picked, so it is data dependent.
-
-    Under `torch.export` (or with `static = True`) every expert runs on every token with weight 0 where
-    it was not picked: a static graph with the same sums (adding an exact 0 changes nothing), at E/k
-    times the expert FLOPs. Fine for tiny models; real MoE export wants a grouped-GEMM plugin.
-    """
-
-    static = False
     kernels = "reference"
 
     def __init__(self, cfg: Gemma4Config, dtype, device):
@@ -193,22 +212,8 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(E, 2 * I, H, dtype=dtype, device=device))
         self.down_proj = nn.Parameter(torch.empty(E, H, I, dtype=dtype, device=device))
 
-    def _expert(self, e: int, x: torch.Tensor) -> torch.Tensor:
-        gate, up = F.linear(x, self.gate_up_proj[e]).chunk(2, dim=-1)
-        return F.linear(block("gelu_tanh_mul", self.kernels, gate, up), self.down_proj[e])
-
     def forward(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros_like(x)
-        if self.static or torch.compiler.is_exporting():
-            for e in range(self.gate_up_proj.shape[0]):
-                w_e = (w * (idx == e)).sum(-1, keepdim=True)  # the token's weight for e, or exactly 0
-                out = out + (self._expert(e, x) * w_e).to(out.dtype)
-            return out
-        for e in torch.unique(idx).tolist():
-            token, slot = torch.where(idx == e)
-            y = self._expert(e, x[token]) * w[token, slot, None]
-            out.index_add_(0, token, y.to(out.dtype))
-        return out
+        return torch.ops.g4rt.moe(x, idx, w, self.gate_up_proj, self.down_proj, self.kernels)
 
 
 class DecoderLayer(nn.Module):

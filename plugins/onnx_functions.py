@@ -1,13 +1,15 @@
-"""Reference ONNX functions for the two custom ops, written in plain ONNX operators.
+"""Reference ONNX functions for the plugin ops, written in plain ONNX operators.
 
-Why: ONNX Runtime has no kernel for `gemma4::G4PagedAttention` / `gemma4::G4KVWrite`, but it inlines
+Why: ONNX Runtime has no kernel for `gemma4::G4PagedAttention` / `G4KVWrite` / `G4MoE`, but it inlines
 a model-local `FunctionProto` with the same domain and name. Shipping these bodies inside
 `model.onnx` makes the exported graph runnable (and testable) on any ORT CPU, while TensorRT still
 maps the nodes to our plugins because they carry `plugin_namespace` (trt-onnx.md §1.4, §5.1).
 
 Semantics follow plugins/README.md exactly. The attention body materialises every sequence's
 resident keys for every query token ([T, M*page_size, H, D]): correct, simple, and only meant for
-the small shapes of CPU tests and reference runs, not for long contexts.
+the small shapes of CPU tests and reference runs, not for long contexts. Likewise the MoE body gathers
+each (token, slot)'s expert weights ([T, k, 2I, H] and [T, k, H, I]): fine for tiny models, not for
+serving.
 """
 from __future__ import annotations
 
@@ -94,10 +96,33 @@ def G4KVWrite(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int):
     return op.Reshape(flat, op.Shape(arena))
 
 
+@script(_g4, default_opset=op)
+def G4MoE(x, idx, w, gate_up, down):
+    # Each (token, slot)'s expert: h = x_t @ gate_up[e].T -> [T, k, 1, 2I], in the model dtype.
+    w1 = op.Gather(gate_up, idx, axis=0)  # [T, k, 2I, H]
+    h = op.Cast(op.MatMul(op.Unsqueeze(x, [1, 2]), op.Transpose(w1, perm=[0, 1, 3, 2])), to=1)
+    gate, up = op.Split(h, num_outputs=2, axis=-1)
+    # gelu_tanh, rounded to the model dtype before the product with up, as eager torch rounds.
+    z = op.Constant(value_float=0.7978845608028654) * (gate + op.Constant(value_float=0.044715) * gate * gate * gate)
+    gelu = gate * op.Constant(value_float=0.5) * (op.Constant(value_float=1.0) + op.Tanh(z))
+    act = op.CastLike(op.Cast(op.CastLike(gelu, x), to=1) * up, x)
+    w2 = op.Gather(down, idx, axis=0)  # [T, k, H, I]
+    y = op.Squeeze(op.MatMul(act, op.Transpose(w2, perm=[0, 1, 3, 2])), [2])  # [T, k, H]
+    y = op.CastLike(op.Cast(y, to=1) * op.Unsqueeze(op.Cast(w, to=1), [2]), x)
+    # A token's terms in ascending expert order, summed left to right into a model-dtype accumulator.
+    k = op.Shape(idx, start=1, end=2)
+    _, order = op.TopK(idx, k, largest=0, sorted=1)
+    y = op.GatherElements(y, op.Expand(op.Unsqueeze(order, [2]), op.Shape(y)), axis=1)
+    acc = op.CastLike(op.ConstantOfShape(op.Shape(x)), x)
+    for j in range(op.Squeeze(k, [0])):
+        acc = op.CastLike(op.Cast(acc, to=1) + op.Cast(op.Gather(y, j, axis=1), to=1), x)
+    return acc
+
+
 def function_protos() -> list[onnx.FunctionProto]:
-    """Both reference bodies, ready to append to `ModelProto.functions`."""
+    """The reference bodies, ready to append to `ModelProto.functions`."""
     schemas.register()
-    return [G4PagedAttention.to_function_proto(), G4KVWrite.to_function_proto()]
+    return [G4PagedAttention.to_function_proto(), G4KVWrite.to_function_proto(), G4MoE.to_function_proto()]
 
 
 def attach(model: onnx.ModelProto) -> onnx.ModelProto:

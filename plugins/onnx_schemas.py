@@ -1,4 +1,4 @@
-"""ONNX op schemas for the two g4rt custom ops, in domain `gemma4`.
+"""ONNX op schemas for the g4rt plugin ops, in domain `gemma4`.
 
 Why register schemas at all: onnxscript resolves `Opset("gemma4", 1).G4PagedAttention` through
 `onnx.defs`, so the dynamo exporter's translations cannot even name the op without them, and the
@@ -18,8 +18,9 @@ PLUGIN_NAMESPACE = "gemma4"
 PLUGIN_VERSION = "1"
 PAGED_ATTENTION = "G4PagedAttention"
 KV_WRITE = "G4KVWrite"
+MOE = "G4MoE"
 # Bump when an op's inputs, attributes or semantics change: it is recorded in every manifest.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 _FLOATS = ["tensor(float)", "tensor(float16)", "tensor(bfloat16)"]
 
@@ -54,12 +55,12 @@ def _page_attrs() -> list:
     ]
 
 
-def _plugin_schema(name: str, doc: str, inputs, outputs, attributes):
-    """A plugin op of domain `gemma4`: both address the arena by layer offsets and carry the plugin
-    attributes TensorRT's parser matches on."""
+def _plugin_schema(name: str, doc: str, inputs, outputs, attributes, arena: bool = True, types=_TYPES):
+    """A plugin op of domain `gemma4`, carrying the plugin attributes TensorRT's parser matches on; the
+    `arena` ops also address the arena by layer offsets."""
     from onnx.defs import OpSchema
-    return OpSchema(name, DOMAIN, OPSET_VERSION, doc=doc, inputs=inputs, outputs=outputs, type_constraints=_TYPES,
-                    attributes=[*_page_attrs(), *attributes, *_plugin_attrs()])
+    return OpSchema(name, DOMAIN, OPSET_VERSION, doc=doc, inputs=inputs, outputs=outputs, type_constraints=types,
+                    attributes=[*(_page_attrs() if arena else []), *attributes, *_plugin_attrs()])
 
 
 def paged_attention_schema():
@@ -99,6 +100,24 @@ def kv_write_schema():
     )
 
 
+def moe_schema():
+    return _plugin_schema(
+        MOE,
+        doc="The chosen experts' gated-GELU MLPs, weighted and summed per token (plugins/README.md `moe`).",
+        inputs=[
+            _param("x", "T", "[T, H] normed hidden states"),
+            _param("idx", "K", "[T, k] expert ids chosen by the router"),
+            _param("w", "W", "[T, k] their weights"),
+            _param("gate_up", "T", "[E, 2I, H] rows [0:I] gate, [I:2I] up"),
+            _param("down", "T", "[E, H, I]"),
+        ],
+        outputs=[_param("out", "T", "[T, H]")],
+        attributes=[], arena=False,
+        types=[("T", _FLOATS, "model dtype"), ("K", ["tensor(int32)", "tensor(int64)"], "expert ids"),
+               ("W", _FLOATS, "router weights (float32)")],
+    )
+
+
 def _registered(name: str) -> bool:
     import onnx
     try:
@@ -109,9 +128,9 @@ def _registered(name: str) -> bool:
 
 
 def register() -> None:
-    """Register both schemas with `onnx.defs` once per process (safe to call repeatedly)."""
+    """Register the schemas with `onnx.defs` once per process (safe to call repeatedly)."""
     import onnx
-    for name, build in ((PAGED_ATTENTION, paged_attention_schema), (KV_WRITE, kv_write_schema)):
+    for name, build in ((PAGED_ATTENTION, paged_attention_schema), (KV_WRITE, kv_write_schema), (MOE, moe_schema)):
         if not _registered(name):
             onnx.defs.register_schema(build())
 

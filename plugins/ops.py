@@ -4,6 +4,7 @@
                                    k_offset, v_offset, page_size, num_kv_heads, window_left, scale, kernels) -> out
     torch.ops.g4rt.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> None  (mutates arena)
     torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> arena'  (functional)
+    torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels) -> out           (the chosen experts' weighted sum)
 
 `kernels` picks the implementation: "triton" (plugins/triton_*.py; on CPU only under the Triton
 interpreter, TRITON_INTERPRET=1) or "reference" (plugins/reference.py, any device). It is an argument
@@ -99,6 +100,19 @@ def _(arena, k, v, slots, k_offset, v_offset, page_size, kernels):
     return torch.empty_like(arena)
 
 
+@torch.library.custom_op("g4rt::moe", mutates_args=())
+def _moe_op(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+            kernels: str) -> torch.Tensor:
+    if check_kernels(kernels) == "triton":
+        return _triton("triton_moe").moe(x, idx, w, gate_up, down)
+    return reference.moe_ref(x, idx, w, gate_up, down)
+
+
+@_moe_op.register_fake
+def _(x, idx, w, gate_up, down, kernels):
+    return torch.empty_like(x)
+
+
 # ---- plain Python API: the ops above, with keyword names ------------------------------------
 
 def paged_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset: int, v_offset: int,
@@ -122,3 +136,8 @@ def kv_write(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int,
     """Functional write: returns the new arena (export)."""
     return torch.ops.g4rt.kv_write(arena, k, v, slots, int(k_offset), int(v_offset), int(page_size),
                                    kernels or default_kernels(arena.device))
+
+
+def moe(x, idx, w, gate_up, down, kernels: str | None = None) -> torch.Tensor:
+    """The chosen experts' gated-GELU MLPs, weighted and summed per token (plugins/README.md `moe`)."""
+    return torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels or default_kernels(x.device))

@@ -8,6 +8,7 @@ model, in models/blocks.py.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 
 def window_left(window: int | None) -> int:
@@ -119,3 +120,45 @@ def kv_write_ref(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: t
     new = arena.clone()
     kv_write_ref_(new, k, v, slots, k_offset, v_offset, page_size)
     return new
+
+
+# ---------------------------------------------------------------------------------------------
+# Mixture of experts: the oracle for triton_moe.py and the CPU implementation of `g4rt::moe`.
+# ---------------------------------------------------------------------------------------------
+
+def moe_shapes(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
+               down: torch.Tensor) -> tuple[int, int, int, int, int]:
+    """(T, H, I, E, k) of a `moe` call, or a ValueError naming the argument whose shape does not fit."""
+    if x.dim() != 2 or gate_up.dim() != 3:
+        raise ValueError(f"moe: x must be [T, H] and gate_up [E, 2I, H]; got x {tuple(x.shape)}, "
+                         f"gate_up {tuple(gate_up.shape)}")
+    (T, H), (E, two_i, _) = x.shape, gate_up.shape
+    I = two_i // 2
+    k = idx.shape[-1] if idx.dim() == 2 else 0
+    for name, t, want in (("gate_up", gate_up, (E, 2 * I, H)), ("down", down, (E, H, I)), ("idx", idx, (T, k)),
+                          ("w", w, (T, k))):
+        if tuple(t.shape) != want:
+            raise ValueError(f"moe: {name} has shape {tuple(t.shape)}, expected {want} "
+                             f"(x [T, H], idx and w [T, k], gate_up [E, 2I, H], down [E, H, I])")
+    if not 1 <= k <= E:
+        raise ValueError(f"moe: idx chooses k = {k} experts per token, need 1 <= k <= E = {E}")
+    if idx.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"moe: idx must be int32 or int64, got {idx.dtype}")
+    return T, H, I, E, k
+
+
+def moe_ref(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor,
+            down: torch.Tensor) -> torch.Tensor:
+    """`moe` of plugins/README.md exactly as HF's eager experts compute it (Gemma4TextExperts with
+    experts_implementation="eager"): for each expert some token chose, in ascending id order, its tokens'
+    gelu_tanh(gate) * up MLP (each step in the model dtype), times their top-k weight, cast to the model
+    dtype and `index_add_`ed into a model-dtype accumulator. The gated GELU is models/blocks.py's
+    `gelu_tanh_mul` formula (plugins cannot import models). Data-dependent host loop: an oracle."""
+    moe_shapes(x, idx, w, gate_up, down)
+    out = torch.zeros_like(x)
+    for e in torch.unique(idx).tolist():
+        token, slot = torch.where(idx == e)
+        gate, up = F.linear(x[token], gate_up[e]).chunk(2, dim=-1)
+        y = F.linear(F.gelu(gate, approximate="tanh") * up, down[e]) * w[token, slot, None]
+        out.index_add_(0, token, y.to(out.dtype))
+    return out

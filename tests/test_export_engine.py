@@ -90,8 +90,9 @@ def test_export_graph_contract(built):
     assert [o.name for o in model.graph.output] == ["logits", "arena_out"]
     cfg = load_model(ckpt, dtype=torch.float32).config
     owners = sum(1 for i in range(cfg.num_hidden_layers) if cfg.kv_source(i) == i)
-    assert custom_nodes(model) == {"G4KVWrite": owners, "G4PagedAttention": cfg.num_hidden_layers}
-    assert {f.name for f in model.functions} >= {"G4KVWrite", "G4PagedAttention"}
+    moe = {"G4MoE": cfg.num_hidden_layers} if cfg.enable_moe_block else {}
+    assert custom_nodes(model) == {"G4KVWrite": owners, "G4PagedAttention": cfg.num_hidden_layers, **moe}
+    assert {f.name for f in model.functions} >= {"G4KVWrite", "G4PagedAttention", "G4MoE"}
     assert (engine_dir / "model.onnx.data").stat().st_size > 0  # weights stored externally
 
 
