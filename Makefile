@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH)"
-	$(BIN)/pip install -q -e ".[export,triton,test]"
+	$(BIN)/pip install -q -e ".[export,triton,test,serve]"
 	touch $(STAMP)
 
 venv: $(STAMP)

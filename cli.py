@@ -84,7 +84,8 @@ def _open_llm(args, cmd: str, source: Path, frames_for):
     from g4rt.runtime.scheduler import SchedulerConfig
 
     try:
-        config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk)
+        config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk,
+                                 max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
         kernels = None if args.kernels is None else check_kernels(args.kernels, "--kernels")
     except ValueError as e:
         raise SystemExit(f"{cmd}: {e}")
@@ -155,28 +156,70 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_serve(args) -> int:
-    from g4rt.runtime.arena import frames_in_budget
-    from g4rt.runtime.server import Service, make_server
+def _serve_frames(args, geometry: PageGeometry) -> int:
+    """KV frames for `serve`: --num-frames, else --kv-memory-gib, else on CUDA --gpu-memory-utilization of the
+    device (less what is in use, and less the weights when they are not loaded yet: the --engine path sizes
+    its arena first), else 1 GiB."""
+    import torch
 
+    from g4rt.runtime.arena import frames_in_budget
+    if args.num_frames:
+        return args.num_frames
+    if args.kv_memory_gib is not None:
+        budget = int(args.kv_memory_gib * GIB)
+    elif str(args.device).startswith("cuda") or args.engine:
+        free, total = torch.cuda.mem_get_info(torch.device(args.device if "cuda" in str(args.device) else "cuda"))
+        weights = 0
+        if torch.cuda.memory_allocated() == 0:
+            cfg = geometry.layout.config
+            weights = make_plan("serve", cfg, context=1, dtype=geometry.layout.dtype).weight_bytes
+        budget = int(args.gpu_memory_utilization * total) - (total - free) - weights
+    else:
+        budget = GIB
+    frames = frames_in_budget(max(0, budget), geometry.frame_bytes())
+    if frames < 1:
+        raise SystemExit(f"serve: a KV budget of {budget} bytes holds no frame of {geometry.frame_bytes()} bytes; "
+                         f"raise --kv-memory-gib or --gpu-memory-utilization")
+    return frames
+
+
+def cmd_serve(args) -> int:
+    """The OpenAI-compatible service (runtime/server.py); the key may come from G4RT_API_KEY, as is usual
+    for secrets, so that it does not show in the process list."""
+    import logging
+    import os
+    _need("serve", "serve", "fastapi", "uvicorn", "prometheus_client", "jinja2")
+    from g4rt.runtime.server import Server
+    from g4rt.runtime.service.app import Service, ServiceConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     source = _source(args, "serve")
-    llm, engine_name = _open_llm(
-        args, "serve", source,
-        lambda geometry: args.num_frames or max(1, frames_in_budget(int(args.kv_memory_mib * 2**20),
-                                                                    geometry.frame_bytes())))
-    service = Service(llm).start()
-    server = make_server(service, args.host, args.port, _tokenizer(source))
-    host, port = server.server_address[:2]
-    print(f"g4rt serve: {engine_name} on http://{host}:{port} ({llm.pool.num_frames} KV frames); "
-          f"POST /v1/completions, GET /health; Ctrl-C stops", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.server_close()
-        service.close()
-    return 0
+        config = ServiceConfig(served_model_name=args.served_model_name or source.resolve().name,
+                               max_queue=args.max_queue, api_key=args.api_key or os.environ.get("G4RT_API_KEY"),
+                               allowed_origins=tuple(args.allowed_origins or ()), max_body_bytes=args.max_body_bytes,
+                               read_timeout_s=args.read_timeout)
+    except ValueError as e:
+        raise SystemExit(f"serve: {e}")
+    llm, engine_name = _open_llm(args, "serve", source, lambda geometry: _serve_frames(args, geometry))
+    service = Service.from_dir(llm, source, config)
+    try:
+        server = Server(service, args.host, args.port, backlog=args.backlog, shutdown_timeout_s=args.shutdown_timeout,
+                        access_log=not args.no_access_log)
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"serve: {e}")
+    s = llm.scheduler.config
+    print(f"g4rt serve: {engine_name} as '{config.served_model_name}' on {server.url} ({llm.pool.num_frames} KV frames, "
+          f"max_num_seqs {s.max_num_seqs}, max_model_len {service.ctx.max_model_len}); warming up, GET /ready "
+          f"answers 200 when done; SIGTERM or Ctrl-C drains", flush=True)
+    return server.run()
+
+
+def cmd_bench_serve(args) -> int:
+    """bench/ is this module's peer (neither imports the other), so its module is loaded by name, and
+    parses its own arguments (`g4rt bench serve --help` lists them)."""
+    import importlib
+    return importlib.import_module("g4rt.bench.serve").main(args.args)
 
 
 def cmd_plan(args) -> int:
@@ -209,10 +252,14 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
                    help="positions per sliding-group page")
     p.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
-    p.add_argument("--max-batched-tokens", type=_positive("--max-batched-tokens"), default=512,
-                   help="token budget of one step")
+    p.add_argument("--max-batched-tokens", "--max-num-batched-tokens", type=_positive("--max-batched-tokens"),
+                   default=512, help="token budget of one step")
+    p.add_argument("--max-num-seqs", type=_positive("--max-num-seqs"), default=64,
+                   help="requests in the running batch at most (serve: default 256)")
+    p.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
+                   help="prompt + output tokens per request at most (default: the model's max_position_embeddings)")
     p.add_argument("--num-frames", type=_positive("--num-frames"), default=None,
-                   help="KV arena frames (generate: default every prompt at once; serve: see --kv-memory-mib)")
+                   help="KV arena frames (generate: default every prompt at once; serve: see --kv-memory-gib)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -236,17 +283,43 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true", help="print one JSON object")
     g.set_defaults(func=cmd_generate)
 
-    v = sub.add_parser("serve", help="serve completions over HTTP (continuous batching, streaming)",
-                       description="A low-latency HTTP service: one engine thread steps the batch while handler "
-                                   "threads wait on their requests. POST /v1/completions {prompt | token_ids, "
-                                   "max_tokens, temperature, top_k, top_p, seed, stop_token_ids, ignore_eos, "
-                                   "stream}; GET /health. Binds 127.0.0.1 unless --host says otherwise.")
+    v = sub.add_parser("serve", help="the OpenAI-compatible HTTP service (needs the serve extra)",
+                       description="OpenAI's API as `vllm serve` exposes it, on uvicorn: POST /v1/completions, "
+                                   "/v1/chat/completions (the checkpoint's chat template), /tokenize, /detokenize; "
+                                   "GET /v1/models, /health (alive), /ready (503 until warm-up is done), /metrics "
+                                   "(Prometheus). Streams as Server-Sent Events. Binds 127.0.0.1 unless --host says "
+                                   "otherwise; /v1/* needs 'Authorization: Bearer KEY' when --api-key (or "
+                                   "G4RT_API_KEY) is set.")
     _engine_args(v)
+    v.set_defaults(max_num_seqs=256)
     v.add_argument("--host", default="127.0.0.1")
-    v.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    v.add_argument("--kv-memory-mib", type=_positive("--kv-memory-mib", float), default=256.0,
-                   help="KV arena size when --num-frames is not given")
+    v.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
+    v.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the directory's)")
+    v.add_argument("--kv-memory-gib", type=_positive("--kv-memory-gib", float), default=None,
+                   help="KV arena size (default: --gpu-memory-utilization on CUDA, 1 GiB on CPU)")
+    v.add_argument("--gpu-memory-utilization", type=_positive("--gpu-memory-utilization", float), default=0.9,
+                   help="fraction of the GPU's memory for weights + KV (the rest: activations, graphs)")
+    v.add_argument("--max-queue", type=_positive("--max-queue"), default=1024,
+                   help="requests waiting for admission beyond which new ones get 429 with Retry-After")
+    v.add_argument("--api-key", default=None, help="require this Bearer key on /v1/* (or set G4RT_API_KEY)")
+    v.add_argument("--allowed-origins", nargs="*", default=None, help="CORS origins (default: CORS off)")
+    v.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds running requests get to finish after SIGTERM/SIGINT before they are ended")
+    v.add_argument("--max-body-bytes", type=_positive("--max-body-bytes"), default=1 << 20,
+                   help="request bodies beyond this get 413 before they are read")
+    v.add_argument("--read-timeout", type=_positive("--read-timeout", float), default=30.0,
+                   help="seconds a client has to send its request body")
+    v.add_argument("--backlog", type=int, default=4096, help="listen backlog (>= 2048, for bursts of connections)")
+    v.add_argument("--no-access-log", action="store_true", help="do not log one line per request")
     v.set_defaults(func=cmd_serve)
+
+    bench = sub.add_parser("bench", help="benchmarks against a running service").add_subparsers(
+        dest="bench", required=True, metavar="BENCH")
+    bs = bench.add_parser("serve", help="load generator for `g4rt serve` (like vLLM's benchmark_serving): "
+                                        "concurrency and Poisson sweeps, TTFT/ITL/TPOT/E2E percentiles, JSON",
+                          add_help=False, prefix_chars="\0")  # every argument goes to bench/serve.py
+    bs.add_argument("args", nargs=argparse.REMAINDER)
+    bs.set_defaults(func=cmd_bench_serve)
 
     p = sub.add_parser("plan", help="KV bytes, page geometry and capacity per model size",
                        description="Per-token KV bytes of each cache group, per-request KV with every position "

@@ -29,6 +29,29 @@ SEED = 1234
 INIT_VERSION = 2
 STAMP = "g4rt-tiny.json"
 SPECIAL_TOKENS = ["<pad>", "<eos>", "<bos>", "<unk>"]  # ids 0, 1, 2, 3 = pad, eos, bos as in Gemma
+# Bump when the tokenizer files change (the weights do not depend on them): a cached tiny model is rebuilt.
+TOKENIZER_VERSION = 1
+# Gemma's turn format (system text folded into the first user turn, "model" for the assistant), so that
+# chat completions on the tiny model exercise a real template; the markers are plain text to its BPE.
+CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] in ['system', 'developer'] -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}"
+    "{%- set first_user_prefix = '' -%}"
+    "{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\\n' + (first_user_prefix if loop.first else '') + message['content'] | trim"
+    " + '<end_of_turn>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\\n' }}{%- endif -%}"
+)
 
 # Training text for the tokenizer: any fixed text works; this one is plain English prose and code.
 _CORPUS = """\
@@ -69,13 +92,19 @@ def build_tokenizer(vocab_size: int):
     return tok
 
 
+def tokenizer_config() -> dict:
+    """tokenizer_config.json: the special tokens by name and the chat template."""
+    pad, eos, bos, unk = SPECIAL_TOKENS
+    return {"bos_token": bos, "eos_token": eos, "pad_token": pad, "unk_token": unk, "chat_template": CHAT_TEMPLATE}
+
+
 def _stamp() -> dict:
-    return {"seed": SEED, "init_version": INIT_VERSION}
+    return {"seed": SEED, "init_version": INIT_VERSION, "tokenizer_version": TOKENIZER_VERSION}
 
 
 def _is_complete(d: Path, expected_config: dict) -> bool:
     try:
-        ok = all((d / f).is_file() for f in ("model.safetensors", "tokenizer.json"))
+        ok = all((d / f).is_file() for f in ("model.safetensors", "tokenizer.json", "tokenizer_config.json"))
         return (ok and json.loads((d / "config.json").read_text()) == expected_config
                 and json.loads((d / STAMP).read_text()) == _stamp())
     except (OSError, json.JSONDecodeError):
@@ -83,8 +112,8 @@ def _is_complete(d: Path, expected_config: dict) -> bool:
 
 
 def ensure_tiny(dir: str | Path | None = None) -> Path:
-    """Return a directory holding the tiny model (config.json, model.safetensors, tokenizer.json),
-    building it first if it is missing or stale."""
+    """Return a directory holding the tiny model (config.json, model.safetensors, tokenizer.json,
+    tokenizer_config.json), building it first if it is missing or stale."""
     target = Path(dir) if dir is not None else default_tiny_dir()
     cfg = load_config(TINY_CONFIG)
     expected = json.loads(json.dumps(hf_config_dict(cfg, cfg.dtype)))
@@ -95,6 +124,7 @@ def ensure_tiny(dir: str | Path | None = None) -> Path:
     try:
         write_random_checkpoint(cfg, tmp, seed=SEED, dtype=cfg.dtype)
         build_tokenizer(cfg.vocab_size).save(str(tmp / "tokenizer.json"))
+        (tmp / "tokenizer_config.json").write_text(json.dumps(tokenizer_config(), indent=1) + "\n")
         (tmp / STAMP).write_text(json.dumps(_stamp()) + "\n")
         if target.exists():
             if _is_complete(target, expected):  # another process finished first

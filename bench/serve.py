@@ -1,0 +1,281 @@
+"""`g4rt bench serve`: a load generator for the OpenAI-compatible service (like vLLM's benchmark_serving).
+
+Each sweep point sends `--num-prompts` streaming completions, either closed-loop at a fixed
+concurrency or open-loop at a Poisson request rate (capped by `--max-concurrency`), with prompts of
+random token ids (no tokenizer needed) whose lengths are drawn uniformly from input-len x [1 - r, 1 + r]
+(and output lengths likewise, enforced with ignore_eos). It reports TTFT, inter-token latency (ITL,
+every gap between token deliveries), time per output token (TPOT, (E2E - TTFT) / (tokens - 1)) and
+end-to-end latency at p50 / p90 / p99, request and token throughput, and errors by kind, as one JSON
+object per point.
+
+The client is raw asyncio HTTP/1.1 (one connection per request, SSE parsed by hand) so that its own
+cost stays far below the server's: a general-purpose client spends more per chunk than a decode step
+of a small model lasts. `offline` runs the same prompts through `LLM` in-process at the same
+concurrency, the ceiling the service is compared against.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit
+
+
+@dataclass
+class Result:
+    ok: bool = False
+    status: int | None = None
+    error: str | None = None
+    start: float = 0.0
+    ttft: float | None = None
+    token_times: list[float] = field(default_factory=list)  # arrival of each chunk that carried tokens
+    output_tokens: int = 0
+    prompt_tokens: int = 0
+    finish_reason: str | None = None
+    done: bool = False  # the stream ended with data: [DONE]
+    end: float = 0.0
+
+
+async def _read_headers(reader) -> tuple[int, dict]:
+    head = await reader.readuntil(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+    return status, headers
+
+
+async def _body_chunks(reader, headers):
+    """The response body as it arrives (chunked transfer or Content-Length)."""
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        while True:
+            size = int((await reader.readuntil(b"\r\n")).split(b";")[0], 16)
+            if size == 0:
+                await reader.readuntil(b"\r\n")
+                return
+            data = await reader.readexactly(size + 2)
+            yield data[:-2]
+    else:
+        yield await reader.readexactly(int(headers.get("content-length", 0)))
+
+
+async def request(url: str, path: str, body: dict, api_key: str | None = None, timeout: float = 600.0) -> Result:
+    """POST `body` to url+path; with "stream": true, time every SSE chunk that carries tokens."""
+    u = urlsplit(url)
+    r = Result(start=time.perf_counter())
+    data = json.dumps(body).encode()
+    auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
+    head = (f"POST {path} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Type: application/json\r\n{auth}"
+            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+    writer = None
+    try:
+        async with asyncio.timeout(timeout):
+            reader, writer = await asyncio.open_connection(u.hostname, u.port or 80, limit=1 << 22)
+            writer.write(head + data)
+            await writer.drain()
+            r.status, headers = await _read_headers(reader)
+            if r.status != 200:
+                r.error = f"HTTP {r.status}"
+                return r
+            buf = b""
+            async for chunk in _body_chunks(reader, headers):
+                buf += chunk
+                while b"\n\n" in buf:
+                    event, buf = buf.split(b"\n\n", 1)
+                    _event(r, event, time.perf_counter())
+            if not body.get("stream"):
+                _final(r, json.loads(buf))
+            r.ok = r.error is None
+    except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
+        r.error = f"{type(e).__name__}: {e}"
+    finally:
+        r.end = time.perf_counter()
+        if writer is not None:
+            writer.close()
+    return r
+
+
+def _event(r: Result, event: bytes, t: float) -> None:
+    if not event.startswith(b"data: "):
+        return
+    payload = event[6:]
+    if payload == b"[DONE]":
+        r.done = True
+        return
+    obj = json.loads(payload)
+    if "error" in obj:
+        r.error = obj["error"].get("message", "error")
+        return
+    if obj.get("usage"):
+        _final(r, obj)
+    for ch in obj.get("choices", []):
+        r.finish_reason = ch.get("finish_reason") or r.finish_reason
+        if ch.get("text") or ch.get("token_ids") or (ch.get("delta") or {}).get("content"):
+            r.ttft = r.ttft if r.ttft is not None else t - r.start
+            r.token_times.append(t)
+
+
+def _final(r: Result, obj: dict) -> None:
+    u = obj.get("usage") or {}
+    r.output_tokens, r.prompt_tokens = u.get("completion_tokens", 0), u.get("prompt_tokens", 0)
+
+
+# ---- workload -----------------------------------------------------------------------------------
+
+def lengths(mean: int, spread: float, n: int, rng: random.Random) -> list[int]:
+    lo, hi = max(1, round(mean * (1 - spread))), max(1, round(mean * (1 + spread)))
+    return [rng.randint(lo, hi) for _ in range(n)]
+
+
+def workload(n: int, input_len: int, output_len: int, spread: float, vocab: int, seed: int):
+    """`n` (prompt token ids, output length) pairs; ids avoid the first 4 (special) ids of the vocab."""
+    rng = random.Random(seed)
+    ins, outs = lengths(input_len, spread, n, rng), lengths(output_len, spread, n, rng)
+    return [([rng.randrange(4, vocab) for _ in range(i)], o) for i, o in zip(ins, outs)]
+
+
+def percentiles(xs: list[float]) -> dict:
+    if not xs:
+        return {"mean": None, "p50": None, "p90": None, "p99": None}
+    s = sorted(xs)
+
+    def q(p):
+        return s[min(len(s) - 1, max(0, round(p * (len(s) - 1))))]
+    return {"mean": sum(s) / len(s), "p50": q(0.5), "p90": q(0.9), "p99": q(0.99)}
+
+
+def summarize(results: list[Result], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    errors: dict[str, int] = {}
+    for r in results:
+        if not r.ok:
+            key = f"HTTP {r.status}" if r.status and r.status != 200 else (r.error or "?").split(":")[0]
+            errors[key] = errors.get(key, 0) + 1
+    itl = [b - a for r in ok for a, b in zip(r.token_times, r.token_times[1:])]
+    tpot = [(r.end - r.start - r.ttft) / (r.output_tokens - 1) for r in ok if r.ttft is not None and r.output_tokens > 1]
+    out_tokens = sum(r.output_tokens for r in ok)
+    in_tokens = sum(r.prompt_tokens for r in ok)
+    ms = lambda d: {k: None if v is None else v * 1e3 for k, v in d.items()}  # noqa: E731
+    return {"completed": len(ok), "failed": len(results) - len(ok), "errors": errors, "duration_s": duration,
+            "request_throughput": len(ok) / duration, "output_token_throughput": out_tokens / duration,
+            "total_token_throughput": (in_tokens + out_tokens) / duration, "output_tokens": out_tokens,
+            "ttft_ms": ms(percentiles([r.ttft for r in ok if r.ttft is not None])), "itl_ms": ms(percentiles(itl)),
+            "tpot_ms": ms(percentiles(tpot)), "e2e_ms": ms(percentiles([r.end - r.start for r in ok]))}
+
+
+async def run_point(url: str, model: str | None, items, *, concurrency: int | None, rate: float | None,
+                    seed: int, api_key: str | None = None, path: str = "/v1/completions") -> dict:
+    """One sweep point: closed loop at `concurrency`, or Poisson arrivals at `rate` (req/s) capped by it."""
+    sem = asyncio.Semaphore(concurrency or len(items))
+    rng = random.Random(seed)
+
+    async def one(prompt, out_len):
+        async with sem:
+            body = {"prompt": prompt, "max_tokens": out_len, "temperature": 0.0, "ignore_eos": True, "stream": True,
+                    "stream_options": {"include_usage": True}, "return_token_ids": True}
+            if model:
+                body["model"] = model
+            return await request(url, path, body, api_key)
+
+    t0 = time.perf_counter()
+    tasks = []
+    for prompt, out_len in items:
+        tasks.append(asyncio.ensure_future(one(prompt, out_len)))
+        if rate:
+            await asyncio.sleep(rng.expovariate(rate))
+    results = await asyncio.gather(*tasks)
+    return summarize(results, time.perf_counter() - t0)
+
+
+def sweep(args) -> list[dict]:
+    items = workload(args.num_prompts, args.input_len, args.output_len, args.len_spread, args.vocab, args.seed)
+    points = [("concurrency", c, None) for c in args.concurrency] + \
+             [("rate", args.max_concurrency, r) for r in args.request_rate]
+    out = []
+    for kind, conc, rate in points:
+        if args.warmup_prompts:
+            asyncio.run(run_point(args.url, args.model, items[:args.warmup_prompts], concurrency=conc or 1, rate=None,
+                                  seed=args.seed, api_key=args.api_key))
+        res = asyncio.run(run_point(args.url, args.model, items, concurrency=conc, rate=rate, seed=args.seed,
+                                    api_key=args.api_key))
+        rec = {"bench": "serve", "mode": kind, "concurrency": conc, "request_rate": rate,
+               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+               "len_spread": args.len_spread, **res}
+        print(json.dumps(rec), flush=True)
+        out.append(rec)
+    if args.out:
+        with open(args.out, "a") as f:
+            for rec in out:
+                f.write(json.dumps(rec) + "\n")
+    return out
+
+
+def offline(llm, items, concurrency: int) -> dict:
+    """The same workload through `LLM` in-process, at most `concurrency` requests in flight (closed loop):
+    the ceiling the HTTP service is measured against."""
+    import torch
+
+    from g4rt.runtime.sampling import SamplingParams
+
+    pending = list(items)
+    arrival, first, last, counts, done = {}, {}, {}, {}, []
+    t0 = time.perf_counter()
+    with torch.inference_mode():
+        while pending or llm.has_unfinished():
+            while pending and len(arrival) - len(done) < concurrency:
+                prompt, out_len = pending.pop(0)
+                rid = llm.add_request(prompt, SamplingParams(max_new_tokens=out_len, ignore_eos=True))
+                arrival[rid] = time.perf_counter()
+            finished = llm.step()
+            now = time.perf_counter()
+            for seq in llm.scheduler.running:
+                n = len(seq.output)
+                if n and seq.seq_id not in first:
+                    first[seq.seq_id] = now
+                counts[seq.seq_id] = n
+            for o in finished:
+                first.setdefault(o.request_id, now)
+                last[o.request_id], counts[o.request_id] = now, len(o.token_ids)
+                done.append(o.request_id)
+    duration = time.perf_counter() - t0
+    results = [Result(ok=True, start=arrival[i], ttft=first[i] - arrival[i], output_tokens=counts[i],
+                      prompt_tokens=len(items[k][0]), end=last[i]) for k, i in enumerate(sorted(arrival))]
+    rec = summarize(results, duration)
+    rec.pop("itl_ms")
+    return rec
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    def ints(s):
+        return [int(x) for x in s.split(",") if x]
+
+    def floats(s):
+        return [float(x) for x in s.split(",") if x]
+    p.add_argument("--url", default="http://127.0.0.1:8000", help="the server's base URL")
+    p.add_argument("--model", default=None, help="the served model name to send (default: none, any is accepted)")
+    p.add_argument("--api-key", default=None)
+    p.add_argument("--num-prompts", type=int, default=64, help="requests per sweep point")
+    p.add_argument("--input-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--len-spread", type=float, default=0.0,
+                   help="lengths drawn uniformly from len x [1 - s, 1 + s] (0: fixed lengths)")
+    p.add_argument("--vocab", type=int, default=256, help="prompt token ids are drawn from [4, vocab)")
+    p.add_argument("--concurrency", type=ints, default=[1, 4, 16, 64], help="closed-loop points, e.g. 1,8,64")
+    p.add_argument("--request-rate", type=floats, default=[], help="Poisson points in requests/s, e.g. 2,8")
+    p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight at a rate point")
+    p.add_argument("--warmup-prompts", type=int, default=0, help="requests sent (and not counted) before each point")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default=None, help="append one JSON line per point to this file")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="g4rt bench serve", description=__doc__.split("\n\n")[0])
+    add_arguments(p)
+    sweep(p.parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""The HTTP surface: a FastAPI app over one `Service` (engine thread + output thread + prepare pool).
+
+The event loop does I/O only. A request's body is read with a size limit (checked on Content-Length
+before anything is read, and again while reading) and a read timeout, handed to a worker thread to be
+parsed and tokenized, queued for the engine (or refused with 429 past `max_queue`), and then either
+streamed as Server-Sent Events or answered once. Whatever the client does, its hang-up cancels its
+engine requests, whose pages go back to the pool at once.
+"""
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ..llm import LLM
+from . import prepare
+from .chat import ChatTemplate
+from .engine_loop import EngineLoop
+from .metrics import Metrics
+from .outputs import Job, OutputThread
+from .protocol import APIError, model_card, now
+from .text import Tokenizer
+
+log = logging.getLogger("g4rt.serve")
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """The service's policy knobs (the engine's capacity lives in the LLM's SchedulerConfig)."""
+
+    served_model_name: str = "g4rt"
+    max_queue: int = 1024  # requests waiting for admission beyond which new ones get 429
+    api_key: str | None = None
+    allowed_origins: tuple[str, ...] = ()
+    max_body_bytes: int = 1 << 20
+    read_timeout_s: float = 30.0
+    retry_after_s: int = 1
+    prepare_threads: int = 4
+    warmup: bool = True
+
+    def __post_init__(self):
+        for name in ("max_queue", "max_body_bytes", "prepare_threads"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be positive, got {self.read_timeout_s!r}")
+
+
+class Service:
+    """One LLM behind its engine and output threads; `app()` is its HTTP front end."""
+
+    def __init__(self, llm: LLM, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
+                 template: ChatTemplate | None = None):
+        self.llm, self.config = llm, config
+        sched = llm.scheduler
+        max_len = sched.config.max_model_len or sched.geometry.layout.config.max_position_embeddings
+        self.ctx = prepare.Context(config.served_model_name, max_len, tokenizer, template)
+        self.metrics = Metrics()
+        self.engine: EngineLoop | None = None
+        self.outputs = OutputThread(tokenizer, self.metrics, lambda rids: self.engine.cancel(rids))
+        self.engine = EngineLoop(llm, self.outputs, self.metrics, warmup=config.warmup)
+        self.pool = ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="g4rt-prepare")
+        self.draining = False
+        self.created = now()
+
+    @classmethod
+    def from_dir(cls, llm: LLM, model_dir, config: ServiceConfig = ServiceConfig()) -> "Service":
+        """Tokenizer and chat template from a model or engine directory (either may be absent)."""
+        return cls(llm, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir))
+
+    def start(self) -> "Service":
+        self.outputs.start()
+        self.engine.start()
+        return self
+
+    def close(self) -> None:
+        self.engine.close()
+        self.outputs.close()
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def ready(self) -> bool:
+        return self.engine.ready.is_set() and not self.draining
+
+    def stats(self) -> dict:
+        s, pool = self.llm.scheduler, self.llm.pool
+        return {"ready": self.ready, "draining": self.draining, "running": len(s.running), "waiting": len(s.waiting),
+                "free_frames": pool.num_free, "frames": pool.num_frames, "warmup_s": self.engine.warmup_s}
+
+    # ---- one generation request ------------------------------------------------------------------
+    async def generate(self, request: Request, prepare_fn) -> Response:
+        if not self.ready:
+            raise APIError(503, "the server is draining" if self.draining else "the server is warming up",
+                           code="not_ready", headers={"Retry-After": str(self.config.retry_after_s)})
+        body = await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
+        loop = asyncio.get_running_loop()
+        spec = await loop.run_in_executor(self.pool, prepare_fn, body, self.ctx)
+        if self.engine.num_waiting() + len(spec.choices) > self.config.max_queue:
+            raise APIError(429, f"more than {self.config.max_queue} requests are waiting; retry later",
+                           code="queue_full", headers={"Retry-After": str(self.config.retry_after_s)})
+        job = Job(spec, self.ctx.model_name, loop, self.ctx.tokenizer)
+        self.engine.submit(job)
+        try:
+            await job.accepted
+        except asyncio.CancelledError:
+            self.engine.cancel(job.rids())
+            raise
+        if spec.stream:
+            return SSEResponse(job, self.engine.cancel)
+        waiter = asyncio.ensure_future(_disconnected(request))
+        try:
+            await asyncio.wait({job.result, waiter}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiter.cancel()
+        if not job.result.done():  # the client hung up: stop its requests now
+            self.engine.cancel(job.rids())
+            return Response(status_code=499)
+        status, data = job.result.result()
+        return Response(data, status_code=status, media_type="application/json")
+
+
+async def _disconnected(request: Request) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None:
+        if not length.isdigit():
+            raise APIError(400, f"bad Content-Length {length!r}")
+        if int(length) > limit:
+            raise APIError(413, f"body of {int(length)} bytes exceeds the limit of {limit}", code="body_too_large",
+                           headers={"Connection": "close"})
+    chunks, size = [], 0
+
+    async def read():
+        nonlocal size
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise APIError(413, f"body exceeds the limit of {limit} bytes", code="body_too_large",
+                               headers={"Connection": "close"})
+            chunks.append(chunk)
+    try:
+        await asyncio.wait_for(read(), timeout_s)
+    except asyncio.TimeoutError:
+        raise APIError(408, f"body not received within {timeout_s} s", code="read_timeout",
+                       headers={"Connection": "close"}) from None
+    return b"".join(chunks)
+
+
+class SSEResponse(Response):
+    """text/event-stream of a job's chunks; a hang-up (seen on receive or on send) cancels the job."""
+
+    def __init__(self, job: Job, cancel):  # no body to render: the chunks come from the output thread
+        self.job, self.cancel = job, cancel
+        self.status_code, self.background = 200, None
+
+    async def __call__(self, scope, receive, send) -> None:
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache"),
+                                (b"x-accel-buffering", b"no")]})
+        pump = asyncio.ensure_future(self._pump(send))
+        watch = asyncio.ensure_future(_watch(receive))
+        try:
+            await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watch.cancel()
+            if not pump.done():
+                pump.cancel()
+            if not pump.done() or pump.cancelled() or pump.exception() is not None:
+                self.cancel(self.job.rids())
+
+    async def _pump(self, send) -> None:
+        q = self.job.chunks
+        while True:
+            parts = [await q.get()]
+            while not q.empty() and parts[-1] is not None:  # coalesce what is ready into one write
+                parts.append(q.get_nowait())
+            end = parts[-1] is None
+            await send({"type": "http.response.body", "body": b"".join(p for p in parts if p is not None),
+                        "more_body": not end})
+            if end:
+                return
+
+
+async def _watch(receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class _Gate:
+    """ASGI middleware: Bearer auth on /v1/* when an API key is set, and requests counted by endpoint
+    and status (unknown paths share one label). Pure ASGI, so streams and hang-ups pass untouched."""
+
+    def __init__(self, app, metrics: Metrics, paths: set[str], api_key: str | None):
+        self.app, self.metrics, self.paths = app, metrics, paths
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        endpoint = scope["path"] if scope["path"] in self.paths else "other"
+
+        async def counted(message):
+            if message["type"] == "http.response.start":
+                self.metrics.requests.labels(endpoint, str(message["status"])).inc()
+            await send(message)
+        if self.expected and scope["path"].startswith("/v1/"):
+            given = dict(scope["headers"]).get(b"authorization", b"")
+            if not hmac.compare_digest(given, self.expected):
+                err = APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
+                return await _error(err)(scope, receive, counted)
+        await self.app(scope, receive, counted)
+
+
+def _error(e: APIError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def build_app(service: Service) -> FastAPI:
+    cfg = service.config
+    app = FastAPI(title="g4rt", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(APIError)
+    async def api_error(request, e: APIError):
+        return _error(e)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request, e: StarletteHTTPException):
+        msg = {404: f"no route {request.method} {request.url.path}",
+               405: f"method {request.method} not allowed on {request.url.path}"}.get(e.status_code, str(e.detail))
+        return _error(APIError(e.status_code, msg, headers=dict(e.headers or {})))
+
+    @app.exception_handler(Exception)
+    async def internal(request, e: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return _error(APIError(500, f"internal error: {type(e).__name__}"))
+
+    @app.get("/health")
+    async def health():
+        return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready():
+        return JSONResponse(service.stats(), status_code=200 if service.ready else 503)
+
+    @app.get("/metrics")
+    async def metrics():
+        return Response(service.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [model_card(service.ctx.model_name, service.ctx.max_model_len,
+                                                      service.created)]}
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        return await service.generate(request, prepare.completion)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request):
+        return await service.generate(request, prepare.chat)
+
+    async def _text_endpoint(request: Request, fn):
+        body = await read_body(request, cfg.max_body_bytes, cfg.read_timeout_s)
+        out = await asyncio.get_running_loop().run_in_executor(service.pool, fn, body, service.ctx)
+        return Response(json.dumps(out).encode(), media_type="application/json")
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request):
+        return await _text_endpoint(request, prepare.tokenize)
+
+    @app.post("/detokenize")
+    async def detokenize(request: Request):
+        return await _text_endpoint(request, prepare.detokenize)
+
+    if cfg.allowed_origins:
+        from fastapi.middleware.cors import CORSMiddleware
+        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.allowed_origins), allow_methods=["GET", "POST"],
+                           allow_headers=["*"])
+    paths = {"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
+             "/detokenize"}
+    app.add_middleware(_Gate, metrics=service.metrics, paths=paths, api_key=cfg.api_key)
+    return app

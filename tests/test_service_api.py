@@ -1,0 +1,321 @@
+"""`g4rt serve` in-process on loopback, driven by the official `openai` client: the OpenAI API as
+`vllm serve` exposes it, on the tiny model (its tokenizer and Gemma-style chat template)."""
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import torch
+
+from g4rt.models.checkpoint import load_model
+from g4rt.models.tiny import ensure_tiny
+from g4rt.runtime.llm import LLM
+from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.scheduler import SchedulerConfig
+from g4rt.runtime.server import Server
+from g4rt.runtime.service.app import Service, ServiceConfig
+
+CONFIG = SchedulerConfig(max_num_batched_tokens=128, chunk=64, max_num_seqs=16)
+FRAMES = 64
+NAME = "tiny"
+KEY = "sk-test"
+
+
+class TestEngine:
+    """The eager engine with switches: fail the next step, pause steps, hold warm-up."""
+
+    __test__ = False
+
+    def __init__(self, inner):
+        self.inner, self.geometry, self.config = inner, inner.geometry, inner.config
+        self.fail_next = threading.Event()
+        self.running = threading.Event()
+        self.running.set()
+        self.warm = threading.Event()
+        self.warm.set()
+
+    def warmup(self, **bounds) -> None:
+        self.bounds = bounds
+        assert self.warm.wait(30)
+
+    def step(self, batch, seq_ids=(), **kw):
+        assert self.running.wait(30)
+        if self.fail_next.is_set():
+            self.fail_next.clear()
+            raise RuntimeError("injected engine failure")
+        return self.inner.step(batch, seq_ids, **kw)
+
+    def release(self, seq_id) -> None:
+        self.inner.release(seq_id)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    d = ensure_tiny()
+    return d, load_model(d, dtype=torch.float32, device="cpu")
+
+
+@contextlib.contextmanager
+def serving(tiny, wait_ready=True, hold_warmup=False, **cfg):
+    d, model = tiny
+    llm = LLM.paged(model, num_frames=FRAMES, page_tokens=16, config=CONFIG)
+    llm.engine = TestEngine(llm.engine)
+    if hold_warmup:
+        llm.engine.warm.clear()
+    service = Service.from_dir(llm, d, ServiceConfig(**{"served_model_name": NAME, "read_timeout_s": 1.0, **cfg}))
+    server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2).start()
+    try:
+        if wait_ready:
+            wait_for(lambda: httpx.get(server.url + "/ready").status_code == 200)
+        yield server, llm
+    finally:
+        llm.engine.warm.set()
+        llm.engine.running.set()
+        server.stop()
+
+
+def wait_for(cond, timeout=20.0):
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        with contextlib.suppress(httpx.TransportError):
+            if cond():
+                return
+        time.sleep(0.02)
+    raise AssertionError("condition not met in time")
+
+
+@pytest.fixture(scope="module")
+def served(tiny):
+    with serving(tiny, api_key=KEY) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(served):
+    return openai.OpenAI(base_url=served[0].url + "/v1", api_key=KEY, max_retries=0, timeout=60)
+
+
+def ready(server) -> dict:
+    return httpx.get(server.url + "/ready").json()
+
+
+def idle(server) -> bool:
+    r = ready(server)
+    return r["running"] == r["waiting"] == 0 and r["free_frames"] == r["frames"]
+
+
+def test_completion_matches_offline_generation(served, client, tiny):
+    d, model = tiny
+    prompt = [2, 15, 7, 42, 9, 3, 11]
+    want = LLM.paged(model, num_frames=FRAMES, page_tokens=16, config=CONFIG).generate(
+        [prompt], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    r = client.completions.create(model=NAME, prompt=prompt, max_tokens=6, temperature=0,
+                                  extra_body={"ignore_eos": True, "return_token_ids": True})
+    ch = r.choices[0]
+    assert ch.token_ids == want.token_ids and ch.finish_reason == "length"
+    assert r.usage.prompt_tokens == 7 and r.usage.completion_tokens == 6 and r.usage.total_tokens == 13
+    assert r.object == "text_completion" and r.model == NAME and r.id.startswith("cmpl-")
+    text = httpx.post(served[0].url + "/detokenize", json={"tokens": want.token_ids}).json()["prompt"]
+    assert ch.text == text
+
+
+def test_streamed_multibyte_text_equals_the_whole_text(client):
+    kw = dict(model=NAME, prompt="héllo 日本語 🎉 wörld", max_tokens=24, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].text
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kw))
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == whole
+    assert all("\ufffd" not in c.choices[0].text for c in chunks[:-2] if c.choices) or "\ufffd" in whole
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 24
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+
+
+def test_sse_frames_end_with_done(served):
+    body = {"prompt": "Hello", "max_tokens": 3, "stream": True, "temperature": 0}
+    with httpx.stream("POST", served[0].url + "/v1/completions", json=body,
+                      headers={"Authorization": f"Bearer {KEY}"}) as r:
+        assert r.headers["content-type"].startswith("text/event-stream")
+        events = [e for e in r.read().decode().split("\n\n") if e]
+    assert all(e.startswith("data: ") for e in events) and events[-1] == "data: [DONE]"
+    assert [json.loads(e[6:])["object"] for e in events[:-1]] == ["text_completion"] * (len(events) - 1)
+
+
+def test_n_choices_and_seeds(client):
+    kw = dict(model=NAME, prompt=["Hello", "The cache"], max_tokens=8, temperature=1.0, n=3, seed=11)
+    a, b = client.completions.create(**kw), client.completions.create(**kw)
+    assert [c.index for c in a.choices] == list(range(6))
+    assert [c.text for c in a.choices] == [c.text for c in b.choices]  # seeded: reproducible
+    assert len({c.text for c in a.choices[:3]}) > 1  # choice i samples with seed + i
+    assert a.usage.completion_tokens == sum(1 for _ in a.choices) * 8 or a.usage.completion_tokens <= 48
+
+
+def test_stop_strings_end_the_text_before_them(client):
+    kw = dict(model=NAME, prompt="Once upon a time", max_tokens=30, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kw).choices[0].text
+    stop = whole[9:12]  # three characters that can span tokens
+    want = whole[:whole.find(stop)]
+    r = client.completions.create(stop=[stop, "\x00never"], **kw)
+    assert r.choices[0].text == want and r.choices[0].finish_reason == "stop"
+    streamed = list(client.completions.create(stop=stop, stream=True, **kw))
+    assert "".join(c.choices[0].text for c in streamed) == want
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs(client):
+    r = client.completions.create(model=NAME, prompt="Hello", max_tokens=5, temperature=0, logprobs=3,
+                                  extra_body={"ignore_eos": True})
+    lp = r.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 5
+    for chosen, top in zip(lp.token_logprobs, lp.top_logprobs):
+        assert chosen <= 0 and len(top) <= 3 and max(top.values()) == pytest.approx(chosen)  # greedy = argmax
+    c = client.chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=4,
+                                       temperature=0, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True})
+    content = c.choices[0].logprobs.content
+    assert len(content) == 4 and all(len(t.top_logprobs) == 2 and t.logprob <= 0 for t in content)
+
+
+def test_chat_uses_the_checkpoint_template(served, client):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello there"}]
+    tok = httpx.post(served[0].url + "/tokenize", json={"messages": messages}).json()
+    rendered = "<bos><start_of_turn>user\nBe brief.\n\nHello there<end_of_turn>\n<start_of_turn>model\n"
+    raw = httpx.post(served[0].url + "/tokenize", json={"prompt": rendered, "add_special_tokens": False}).json()
+    assert tok["tokens"] == raw["tokens"] and tok["tokens"][0] == 2  # one BOS, from the template
+    r = client.chat.completions.create(model=NAME, messages=messages, max_tokens=5, temperature=0,
+                                       extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.usage.prompt_tokens == tok["count"]
+    chunks = list(client.chat.completions.create(model=NAME, messages=messages, max_tokens=5, temperature=0,
+                                                 stream=True, extra_body={"ignore_eos": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == r.choices[0].message.content
+    with pytest.raises(openai.BadRequestError, match="alternate"):
+        client.chat.completions.create(model=NAME, messages=[{"role": "assistant", "content": "x"}], max_tokens=2)
+
+
+def test_models_health_metrics(served, client):
+    assert [m.id for m in client.models.list().data] == [NAME]
+    assert httpx.get(served[0].url + "/health").json() == {"status": "ok"}
+    text = httpx.get(served[0].url + "/metrics").text
+    for name in ("g4rt_http_requests_total", "g4rt_time_to_first_token_seconds_bucket",
+                 "g4rt_inter_token_latency_seconds", "g4rt_e2e_request_latency_seconds",
+                 "g4rt_request_queue_time_seconds", "g4rt_num_requests_running", "g4rt_num_requests_waiting",
+                 'g4rt_kv_frames{group="full",state="used"}', "g4rt_step_seconds", "g4rt_prompt_tokens_total",
+                 "g4rt_generation_tokens_total"):
+        assert name in text, name
+    assert 'g4rt_http_requests_total{endpoint="/v1/completions",status="200"}' in text
+
+
+@pytest.mark.parametrize("body, status, needle", [
+    ({"model": "other", "prompt": "x"}, 404, "does not exist"),
+    ({"prompt": "x", "temperatur": 1.0}, 400, "unknown field 'temperatur'"),
+    ({"prompt": "x", "max_tokens": "five"}, 400, "max_tokens"),
+    ({"prompt": "x", "seed": 2**64}, 400, "seed"),
+    ({"prompt": "x", "stop_token_ids": ["a"]}, 400, "stop_token_ids"),
+    ({"prompt": "x", "top_p": 0}, 400, "top_p"),
+    ({"prompt": [2, 10**6]}, 400, "outside the vocabulary"),
+    ({"prompt": "x", "max_tokens": 5000}, 400, "max_model_len"),
+    ({"prompt": "x" * 600_000}, 400, "longer than max_model_len"),
+    ({"prompt": list(range(4, 400)), "max_tokens": 3600}, 422, "frames"),
+    ({"prompt": "x", "presence_penalty": 0.5}, 400, "not supported"),
+])
+def test_error_objects(served, client, body, status, needle):
+    with pytest.raises(openai.APIStatusError) as e:
+        client.post("/completions", body=body, cast_to=object)
+    err = e.value.body
+    assert e.value.status_code == status and needle in err["message"], err
+    assert set(err) == {"message", "type", "param", "code"}
+    assert idle(served[0])
+
+
+def test_auth_routes_and_methods(served):
+    url = served[0].url
+    r = httpx.post(url + "/v1/completions", json={"prompt": "x"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(url + "/v1/models", headers={"Authorization": "Bearer wrong"}).status_code == 401
+    assert httpx.get(url + "/nope").status_code == 404 and "error" in httpx.get(url + "/nope").json()
+    assert httpx.get(url + "/v1/completions", headers={"Authorization": f"Bearer {KEY}"}).status_code == 405
+    assert httpx.get(url + "/metrics").status_code == 200  # only /v1/* needs the key
+    r = httpx.options(url + "/v1/models", headers={"Origin": "http://evil", "Access-Control-Request-Method": "GET"})
+    assert "access-control-allow-origin" not in r.headers  # CORS is off unless --allowed-origins
+
+
+def raw(server, head: bytes, timeout=10.0) -> socket.socket:
+    s = socket.create_connection((server.host, server.port), timeout=timeout)
+    s.sendall(head)
+    return s
+
+
+def test_body_limit_and_read_timeout(served):
+    server = served[0]
+    s = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+            b"\r\nContent-Type: application/json\r\nContent-Length: 52428800\r\n\r\n{\"prompt\": \"")
+    t0 = time.monotonic()
+    reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 413") and b"body_too_large" in reply and time.monotonic() - t0 < 2
+    s.close()
+    s = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+            b"\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+    t0 = time.monotonic()
+    reply = s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 408") and 0.9 < time.monotonic() - t0 < 5  # read_timeout_s = 1
+    s.close()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_hangs_up_frees_its_pages(served, stream):
+    server, llm = served
+    body = json.dumps({"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True, "stream": stream}).encode()
+    s = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
+            b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    wait_for(lambda: ready(server)["running"] == 1)
+    if stream:
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+    s.close()
+    wait_for(lambda: idle(server), timeout=10)
+    assert llm.scheduler.seqs == {}
+
+
+def test_engine_failure_is_a_500_and_the_service_goes_on(served, client):
+    server, llm = served
+    llm.engine.fail_next.set()
+    with pytest.raises(openai.InternalServerError, match="injected engine failure"):
+        client.completions.create(model=NAME, prompt="Hello", max_tokens=4)
+    llm.engine.fail_next.set()
+    with pytest.raises(openai.APIError, match="injected engine failure"):  # an error event ends the stream
+        list(client.completions.create(model=NAME, prompt="Hello", max_tokens=4, stream=True))
+    r = client.completions.create(model=NAME, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 4
+    wait_for(lambda: idle(server))
+
+
+def test_not_ready_until_warm_and_queue_limit(tiny):
+    with serving(tiny, wait_ready=False, hold_warmup=True, max_queue=2) as (server, llm):
+        wait_for(lambda: httpx.get(server.url + "/health").status_code == 200)
+        assert httpx.get(server.url + "/ready").status_code == 503
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
+        assert r.status_code == 503 and "Retry-After" in r.headers
+        llm.engine.warm.set()
+        wait_for(lambda: httpx.get(server.url + "/ready").status_code == 200)
+        pt = llm.engine.geometry.page_tokens  # window 8: a decode step reads at most 2 sliding pages
+        assert llm.engine.bounds == {"max_seqs": 16, "max_sliding_pages": 2, "max_full_pages": 4096 // pt["full"]}
+        llm.engine.running.clear()  # steps stall: requests pile up waiting
+        c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
+        done = []
+        threads = [threading.Thread(target=lambda: done.append(
+            c.completions.create(model=NAME, prompt="Hi", max_tokens=2))) for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.3)
+        wait_for(lambda: server.service.engine.num_waiting() + len(llm.scheduler.running) == 3)
+        with pytest.raises(openai.RateLimitError) as e:
+            c.completions.create(model=NAME, prompt="Hi", max_tokens=2)
+        assert e.value.response.headers["Retry-After"] == "1"
+        llm.engine.running.set()
+        for t in threads:
+            t.join(30)
+        assert len(done) == 3

@@ -1,0 +1,123 @@
+"""`g4rt serve` as a process on loopback: a burst of 512 streaming clients, a 50 MB body beside a
+running stream, SIGTERM draining. The client is bench/serve.py's (raw asyncio HTTP/1.1)."""
+from __future__ import annotations
+
+import asyncio
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+from g4rt.bench.serve import request
+
+BODY = {"prompt": "Hello héllo", "temperature": 0, "ignore_eos": True, "stream": True,
+        "stream_options": {"include_usage": True}}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    log = tmp_path_factory.mktemp("serve") / "stderr.log"
+    with open(log, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "g4rt.cli", "serve", "--model", "tiny", "--port", "0",
+                                 "--max-queue", "128", "--max-num-seqs", "256", "--shutdown-timeout", "3",
+                                 "--served-model-name", "tiny"], stdout=subprocess.PIPE, stderr=err, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert "http://" in line, (line, log.read_text())
+        url = line.split("http://")[1].split()[0].rstrip(";,")
+        url = "http://" + url
+        end = time.monotonic() + 120
+        while time.monotonic() < end:
+            try:
+                if httpx.get(url + "/ready").status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield proc, url, log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def ready(url) -> dict:
+    return httpx.get(url + "/ready").json()
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_a_burst_of_512_streams_completes_or_is_refused_by_policy(server):
+    _, url, _ = server
+
+    async def burst():
+        return await asyncio.gather(*[request(url, "/v1/completions", {**BODY, "max_tokens": 8}) for _ in range(512)])
+    results = run(burst())
+    completed = [r for r in results if r.ok]
+    refused = [r for r in results if r.status == 429]
+    assert len(completed) + len(refused) == 512, {r.error for r in results if not r.ok and r.status != 429}
+    assert len(completed) >= 128 and all(r.done and r.output_tokens == 8 for r in completed)
+    end = time.monotonic() + 10
+    while (s := ready(url))["running"] or s["free_frames"] != s["frames"]:
+        assert time.monotonic() < end, s
+        time.sleep(0.05)
+
+
+def test_a_50mb_body_is_refused_at_once_while_a_stream_keeps_its_pace(server):
+    _, url, _ = server
+    host, port = url.removeprefix("http://").split(":")
+    reply = {}
+
+    def big_body():
+        time.sleep(0.5)  # the stream is under way
+        s = socket.create_connection((host, int(port)), timeout=10)
+        t0 = time.monotonic()
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 52428800\r\n\r\n{\"prompt\": \"")
+        sender = threading.Thread(target=_send_quietly, args=(s, b"a" * (50 << 20)), daemon=True)
+        sender.start()
+        reply["head"] = s.recv(4096)
+        reply["s"] = time.monotonic() - t0
+        s.close()
+
+    t = threading.Thread(target=big_body)
+    t.start()
+    r = run(request(url, "/v1/completions", {**BODY, "max_tokens": 200}))
+    t.join(30)
+    assert reply["head"].startswith(b"HTTP/1.1 413") and reply["s"] < 2.0, reply
+    gaps = [b - a for a, b in zip(r.token_times, r.token_times[1:])]
+    assert r.ok and r.output_tokens == 200 and max(gaps) < 0.5, max(gaps)
+
+
+def _send_quietly(sock, data) -> None:
+    try:
+        sock.sendall(data)
+    except OSError:
+        pass  # the server answered 413 and closed without reading the body: that is the point
+
+
+def test_sigterm_drains_streams_and_exits_0(server):
+    proc, url, log = server
+
+    async def streams():
+        tasks = [asyncio.ensure_future(request(url, "/v1/completions", {**BODY, "max_tokens": n}))
+                 for n in (6, 3000, 3000)]
+        await asyncio.sleep(1.0)
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        results = await asyncio.gather(*tasks)
+        return results, time.monotonic() - t0
+    results, drained_s = run(streams())
+    assert [r.finish_reason for r in results] == ["length", "abort", "abort"]
+    assert all(r.ok and r.done for r in results) and drained_s < 3 + 2
+    assert proc.wait(15) == 0
+    text = log.read_text()
+    assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log
+    assert "draining" in text
