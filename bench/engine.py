@@ -3,6 +3,7 @@ bandwidth roofline measured in the same run, and Hugging Face transformers on th
 
     python -m g4rt.bench.engine --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
                                  [--runtime-checks] [--long-context 262144] [--profile] [--matmuls]
+                                 [--decode-steps 1,64,128,256] [--ttft 2048,8192] [--sampler]
 
 One process builds the model once (random bf16 weights drawn on the GPU) and runs, in order:
 ceilings (copy bandwidth), eager engine, inductor engine (torch.compile + CUDA-graph decode),
@@ -11,9 +12,16 @@ runtime's checks (bench/runtime.py: paged vs linear tokens, one long request aga
 Each stage appends one JSON line to DIR/export_bench.jsonl as it finishes, so a run cut short by a
 time limit still reports what it did.
 
-Roofline of a decode step: every weight is read once per step (the tied embedding as the lm_head;
-the embedding lookup reads only a few rows), at the measured copy bandwidth; at 128 + 64 positions
-the KV bytes are negligible next to 61 GB of weights.
+Roofline of a decode step (`roofline`): the bytes the step must read -- every weight once (the tied
+embedding whole, as the lm_head), but of the per-layer-input table (E2B/E4B) only the looked-up rows,
+plus every attending layer's KV at the context (a sliding layer its window) -- at the copy bandwidth
+measured at the start of the same run. Every record carries that bandwidth and the bf16 matmul rate.
+
+Throughput stages (`--decode-steps`, `--ttft`, `--sampler`) share one inductor engine:
+* decode steps: B requests decoding together, host wall per `LLM.step()` against the replay of the
+  CUDA graph it runs, the overlapped step loop and one-step-at-a-time alternated on the same requests;
+* time to first token per prefill chunk size, arms alternated, against the bf16 compute floor;
+* the batched sampler's cost at 256 rows of the full vocabulary.
 """
 from __future__ import annotations
 
@@ -38,12 +46,42 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
-from .common import copy_bandwidth, log_json, sync
+from g4rt.plugins.buckets import pow2_bucket
+from g4rt.runtime.sampling import BatchSampler, SamplingRows
+
+from .common import ceilings, log_json, sync
 
 
-def weight_bytes_per_step(model) -> int:
-    """Every parameter once: the tied embedding is read whole as the lm_head; the lookup reads rows."""
-    return sum(p.numel() * p.element_size() for p in model.parameters())
+def weight_bytes_per_step(model, batch: int = 1) -> int:
+    """Weight bytes a decode step of `batch` sequences reads: every parameter once (the tied embedding
+    whole, as the lm_head), but of the per-layer-input table only the `batch` looked-up rows."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    ple = getattr(model, "embed_tokens_per_layer", None)
+    if ple is not None:
+        rows, row_bytes = ple.weight.shape[0], ple.weight.shape[1] * ple.weight.element_size()
+        total -= (rows - min(batch, rows)) * row_bytes
+    return total
+
+
+def kv_bytes_per_step(model, batch: int, context: int) -> int:
+    """KV bytes a decode step reads at `context` positions: every attending layer reads its cache (a
+    KV-shared layer its source's, again), a sliding layer only its window."""
+    layout = model.layout
+    per_seq = 0
+    for layer in layout.layers:
+        group = layout.sliding if layer.sliding else layout.full
+        per_seq += group.bytes_per_token_per_layer * (min(context, layer.window) if layer.sliding else context)
+    return batch * per_seq
+
+
+def roofline(model, batch: int, context: int, ceil: dict) -> dict:
+    """The bytes a decode step must read, and the step time and total tok/s they allow at the copy
+    bandwidth; with the ceilings they were measured against."""
+    w, kv = weight_bytes_per_step(model, batch), kv_bytes_per_step(model, batch, context)
+    ms = (w + kv) / (ceil["copy_GBps"] * 1e9) * 1e3
+    return {"weight_bytes": w, "kv_bytes": kv, "roofline_step_ms": round(ms, 3),
+            "roofline_tok_s_total": round(batch / ms * 1e3, 1), "copy_GBps": round(ceil["copy_GBps"], 1),
+            "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)}
 
 
 def prompts_for(model, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
@@ -185,6 +223,125 @@ def first_differences(tokens, reference) -> list:
     return [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(tokens, reference)]
 
 
+def _graph_of(engine, batch: int):
+    """(key, graph) of the widest decode graph captured for `batch`'s bucket, or (None, None)."""
+    keys = [k for k in getattr(engine, "_graphs", {}) if k[0] == pow2_bucket(batch)]
+    return (max(keys), engine._graphs[max(keys)][0]) if keys else (None, None)
+
+
+@torch.inference_mode()
+def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: int, seed: int,
+                 ceil: dict) -> list[dict]:
+    """Steady-state decode of `batch` sequences: host wall per `LLM.step()` against the replay of the
+    CUDA graph those steps run, for the overlapped loop and one step at a time, alternated `reps`
+    times on the same requests (their prefill runs once, untimed; each arm times `window` steps).
+
+    The caller picks `prompt_len` so that the timed steps stay in one table-width bucket (one graph);
+    a capture inside a window would show in `captures_in_window`."""
+    cfg = SchedulerConfig(max_num_batched_tokens=4096, chunk=prompt_len, max_num_seqs=batch)
+    new_tokens = 8 + 2 * reps * (window + 1)
+    frames = sum(promise_for(engine.geometry, prompt_len, new_tokens, cfg.chunk).frames for _ in range(batch)) + 8
+    llm = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
+    ids = [llm.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
+           for p in prompts_for(model, batch, prompt_len, seed)]
+    seqs = [llm.scheduler.seqs[i] for i in ids]
+    while not all(s.draws > 0 for s in seqs):  # prefill, untimed
+        llm.step()
+    for _ in range(4):  # the decode graph is captured here
+        llm.step()
+    sync()
+    out = []
+    for rep in range(reps):
+        for overlap in (True, False):
+            llm.overlap = overlap
+            llm.step()  # the loop settles into this arm's pattern
+            captured = len(getattr(engine, "_graphs", {}))
+            walls = []
+            for _ in range(window):
+                t = time.perf_counter()
+                llm.step()
+                walls.append((time.perf_counter() - t) * 1e3)
+            key, graph = _graph_of(engine, batch)
+            replay = statistics.median(replay_times(graph, 10)) if graph is not None else None
+            wall = statistics.median(walls)
+            r = roofline(model, batch, prompt_len + seqs[0].draws, ceil)
+            out.append({"stage": "decode_steps", "batch": batch, "overlap": overlap, "rep": rep,
+                        "context": prompt_len + seqs[0].draws, "step_wall_ms_median": round(wall, 3),
+                        "step_wall_ms_min": round(min(walls), 3), "step_wall_ms_max": round(max(walls), 3),
+                        "replay_ms": None if replay is None else round(replay, 3),
+                        "wall_over_replay": None if replay is None else round(wall / replay, 3),
+                        "tok_s_total": round(batch / wall * 1e3, 1), "of_roofline": round(r["roofline_step_ms"] / wall, 3),
+                        "graph_key": key and list(key),
+                        "captures_in_window": len(getattr(engine, "_graphs", {})) - captured, **r})
+    for i in ids:
+        llm.cancel(i)
+    while llm.has_unfinished():
+        llm.step()
+    return out
+
+
+def prefill_flops(model, prompt_len: int) -> float:
+    """FLOPs of one prompt's prefill: 2 per weight per token for every matmul weight (the lm_head for the
+    last row only; embedding lookups are free), plus attention's QK^T and PV over the keys each query
+    sees (causal; a sliding layer its window)."""
+    lookups = [model.embed_tokens.weight]
+    if getattr(model, "embed_tokens_per_layer", None) is not None:
+        lookups.append(model.embed_tokens_per_layer.weight)
+    norms = sum(p.numel() for p in model.parameters() if p.dim() < 2)
+    dense = sum(p.numel() for p in model.parameters()) - sum(w.numel() for w in lookups) - norms
+    attn = 0.0
+    for layer in model.layout.layers:
+        w = layer.window if layer.sliding else prompt_len
+        keys = sum(min(i + 1, w) for i in range(prompt_len))
+        attn += 4.0 * keys * layer.head_dim * layer.num_q_heads
+    return 2.0 * dense * prompt_len + 2.0 * model.embed_tokens.weight.numel() + attn
+
+
+@torch.inference_mode()
+def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int, ceil: dict) -> list[dict]:
+    """Time to first token of one `prompt_len` prompt per prefill chunk (the step's token budget equal
+    to it), arms alternated `reps` times after one warm-up round; floor: its FLOPs at the matmul rate."""
+    prompt = prompts_for(model, 1, prompt_len, seed)[0]
+    floor_s = prefill_flops(model, prompt_len) / (ceil["matmul_TFLOPs"] * 1e12)
+    llms = {}
+    for c in chunks:
+        cfg = SchedulerConfig(max_num_batched_tokens=c, chunk=c, max_num_seqs=1)
+        frames = promise_for(engine.geometry, prompt_len, 1, c).frames + 2
+        llms[c] = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
+    times: dict[int, list[float]] = {c: [] for c in chunks}
+    for rep in range(reps + 1):
+        for c in chunks:
+            sync()
+            o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+            if rep:  # round 0 compiles the shapes
+                times[c].append(o.ttft_s)
+    return [{"stage": "ttft", "prompt_len": prompt_len, "chunk": c, "reps": reps, "ttft_s_min": round(min(t), 4),
+             "ttft_s_median": round(statistics.median(t), 4), "ttft_s_max": round(max(t), 4),
+             "bf16_floor_s": round(floor_s, 4), "of_floor": round(floor_s / statistics.median(t), 3),
+             "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)} for c, t in times.items()]
+
+
+@torch.inference_mode()
+def sampler_cost(vocab: int, rows: int = 256, reps: int = 10) -> list[dict]:
+    """GPU ms of the batched sampler on `rows` random logits rows, per kind of row settings."""
+    logits = torch.randn(rows, vocab, device="cuda") * 4
+    sample = BatchSampler()
+    kinds = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_50": (1.0, 50, 1.0),
+             "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9)}
+    out = []
+    for name, (t, k, p) in kinds.items():
+        settings = SamplingRows([t] * rows, [k] * rows, [p] * rows, list(range(rows)), [3] * rows)
+        sample(logits, settings)
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            sample(logits, settings)
+        sync()
+        out.append({"stage": "sampler", "rows": rows, "vocab": vocab, "kind": name,
+                    "ms": round((time.perf_counter() - t0) / reps * 1e3, 3)})
+    return out
+
+
 def hf_model_from(model):
     """HF `Gemma4ForCausalLM` on the GPU holding a copy of `model`'s weights (same names under `model.`)."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
@@ -225,6 +382,46 @@ def hf_decode(hf, prompts, new_tokens: int) -> dict:
             "decode_tok_s_total": per_seq * len(prompts), "prefill_s": t_one}
 
 
+def throughput(a, model, log, ceil, t_start) -> bool:
+    """The throughput stages of `main` on one inductor engine; False if one of them failed."""
+    steps = [int(x) for x in a.decode_steps.split(",") if x]
+    prompts = [int(x) for x in a.ttft.split(",") if x]
+    chunks = [int(x) for x in a.ttft_chunks.split(",") if x]
+    if a.sampler:
+        for r in sampler_cost(model.config.vocab_size):
+            log(r)
+    if not (steps or prompts):
+        return True
+    geometry = PageGeometry.build(model.layout)
+    step_prompt, window = 160, 12  # positions 160..246: one table-width bucket for every batch (decode_steps)
+    new_tokens = 8 + 2 * a.reps * (window + 1)
+    frames = max([sum(promise_for(geometry, step_prompt, new_tokens, step_prompt).frames for _ in range(b)) for b in steps]
+                 + [promise_for(geometry, n, 1, max(chunks)).frames for n in prompts]) + 16
+    mode = None if a.compile_mode == "none" else a.compile_mode
+    engine = InductorEngine(model, geometry, frames, mode, a.compile_scope)
+    engine.plan_batches(max(steps + [1]))
+    ok = True
+    stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
+                                                               a.seed + b, ceil)) for b in steps]
+    stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil)) for n in prompts]
+    for name, arg, run in stages:
+        if a.stop_after and time.perf_counter() - t_start > a.stop_after:
+            log({"stage": name, "arg": arg, "skipped": f"past --stop-after {a.stop_after} s"})
+            continue
+        try:
+            for r in run():
+                log(r)
+        except Exception as e:  # record and go on
+            ok = False
+            log({"stage": name, "arg": arg, "error": f"{type(e).__name__}: {e}", "trace": traceback.format_exc()[-3000:]})
+        gc.collect()
+        torch.cuda.empty_cache()
+    del engine
+    gc.collect()
+    torch.cuda.empty_cache()
+    return ok
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m g4rt.bench.engine", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -245,20 +442,31 @@ def main(argv=None) -> int:
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--decode-steps", default="", help="batches whose steady-state decode step is timed "
+                    "against its graph replay (decode_steps), e.g. 1,64,128,256")
+    ap.add_argument("--ttft", default="", help="prompt lengths whose time to first token is measured, e.g. 2048,8192")
+    ap.add_argument("--ttft-chunks", default="512,2048,8192", help="prefill chunk sizes the --ttft arms use")
+    ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each throughput arm")
+    ap.add_argument("--sampler", action="store_true", help="time the batched sampler at 256 rows")
+    ap.add_argument("--stop-after", type=float, default=0.0,
+                    help="seconds after which the throughput stages still to run are skipped (0: none)")
     a = ap.parse_args(argv)
     unknown = set(a.engines.split(",")) - {"eager", "inductor"}
     if unknown:
         ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
     a.out.mkdir(parents=True, exist_ok=True)
     log = functools.partial(log_json, a.out, name="export_bench.jsonl")
-    bw = copy_bandwidth()
+    t_start = time.perf_counter()
+    ceil = ceilings(quick=False)
+    bw = ceil["copy_GBps"] * 1e9
     t0 = time.perf_counter()
     model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed)
     wbytes = weight_bytes_per_step(model)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
-         "copy_GBps": round(bw / 1e9, 1), "weight_bytes_per_step": wbytes, "build_s": round(time.perf_counter() - t0, 1),
-         "roofline_tok_s_batch1": round(bw / wbytes, 1)})
-    batches = [int(x) for x in a.batches.split(",")]
+         "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
+         "roofline_tok_s_batch1": roofline(model, 1, a.prompt_len, ceil)["roofline_tok_s_total"],
+         **roofline(model, 1, a.prompt_len, ceil)})
+    batches = [int(x) for x in a.batches.split(",") if x]
     if a.matmuls:
         for r in matmul_roles(model, bw, batches):
             log(r)
@@ -286,7 +494,8 @@ def main(argv=None) -> int:
                 log({"stage": name, "batch": b, "prompt_len": a.prompt_len, "new_tokens": a.new_tokens,
                      "decode_tok_s_per_seq": round(r["decode_tok_s_per_seq"], 2),
                      "decode_tok_s_total": round(r["decode_tok_s_total"], 1),
-                     "of_roofline": round(r["decode_tok_s_per_seq"] / (bw / wbytes), 3),
+                     "of_roofline": round(r["decode_tok_s_total"] / roofline(
+                         model, b, a.prompt_len + a.new_tokens // 2, ceil)["roofline_tok_s_total"], 3),
                      "ttft_s": round(r["ttft_s"], 3), "stage_s": round(time.perf_counter() - t, 1),
                      "warmup_s": r["warmup_s"], "tokens_equal_eager": None if eager is None else r["tokens"] == eager,
                      "first_difference_at": first_differences(r["tokens"], eager or [])})
@@ -300,6 +509,7 @@ def main(argv=None) -> int:
             llm = None
             gc.collect()
             torch.cuda.empty_cache()
+    ok &= throughput(a, model, log, ceil, t_start)
     if a.runtime_checks or a.long_context:
         try:
             if a.runtime_checks:

@@ -45,6 +45,18 @@ LAYERS = {
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
 MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
+# Prefill tiles tried at 8k (--prefill-only): around the defaults, and for head dim 512 the output
+# columns cut across 2 or 4 programs (dv_split), which frees the registers and shared memory that
+# bound its tiles.
+PREFILL_SWEEP = {
+    "31B-full": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
+                 for r, n, w, st, v in [(64, 32, 8, 2, 2), (128, 32, 8, 1, 2), (128, 64, 8, 1, 2),
+                                        (64, 64, 4, 2, 2), (128, 64, 8, 2, 4), (128, 32, 4, 2, 4),
+                                        (64, 16, 4, 2, 1), (128, 16, 8, 1, 1)]],
+    "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
+                    for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
+                                           (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]],
+}
 
 
 @dataclass
@@ -224,6 +236,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True)
     ap.add_argument("--quick", action="store_true", help="reduced grid, < 90 s")
+    ap.add_argument("--prefill-only", action="store_true",
+                    help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import triton
@@ -234,6 +248,12 @@ def main(argv=None):
     peak = ceilings(args.quick)
     res["ceilings"] = peak
     print("ceilings", peak, flush=True)
+    if args.prefill_only:
+        for layer in ("31B-full", "31B-sliding"):
+            guarded(res, "prefill", prefill_case, layer, 8192, 8192, peak)
+            for cfg in PREFILL_SWEEP[layer]:
+                guarded(res, "prefill_sweep", prefill_case, layer, 8192, 8192, peak, config=cfg)
+        return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()
     except Exception as e:  # noqa: BLE001
@@ -288,12 +308,16 @@ def main(argv=None):
                 s = max(1, int(ta.decode_splits(b, LAYERS[layer][1], keys, torch.device("cuda")) * f))
                 guarded(res, "decode_sweep", decode_case, layer, b, ctx, peak, try_flex=False, flex_fn=None,
                         splits=s, sdpa=False)
+    return _write(res, args.out, t_start)
+
+
+def _write(res, out, t_start):
     res["total_s"] = round(time.time() - t_start, 1)
-    with open(os.path.join(args.out, "results.json"), "w") as fh:
+    with open(os.path.join(out, "results.json"), "w") as fh:
         json.dump(res, fh, indent=1, default=str)
-    with open(os.path.join(args.out, "results.md"), "w") as fh:
+    with open(os.path.join(out, "results.md"), "w") as fh:
         fh.write(markdown(res))
-    print(f"wrote {args.out}/results.json and results.md in {res['total_s']} s", flush=True)
+    print(f"wrote {out}/results.json and results.md in {res['total_s']} s", flush=True)
 
 
 def _f(x, nd=1):

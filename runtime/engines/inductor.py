@@ -153,6 +153,7 @@ class InductorEngine:
         self._pool = None
         self._logits: torch.Tensor | None = None  # [largest bucket, vocab] fp32, every graph's output
         self._turn = 0  # which of a bucket's two host buffers the next decode step fills
+        self._rows = 0  # rows the logits buffer gets at the first capture: the widest bucket planned
         self.plan_batches(MAX_BATCH)
 
     takes_feed = True
@@ -164,6 +165,7 @@ class InductorEngine:
             raise ValueError(f"decode graphs share a logits buffer of {self._logits.shape[0]} rows, captured "
                              f"already; plan_batches({max_batch}) must come before the first decode step")
         self.buckets = buckets
+        self._rows = max(self._rows, buckets[-1])
 
     def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int) -> int:
         """Capture every decode graph a scheduler within these bounds can ask for, so that no request
@@ -211,7 +213,7 @@ class InductorEngine:
             device = DecodeInputs(*key, device=self.device)
             device.flat.copy_(hosts[0].flat)
             if self._logits is None:
-                self._logits = torch.empty(self.buckets[-1], self.config.vocab_size, dtype=torch.float32,
+                self._logits = torch.empty(self._rows, self.config.vocab_size, dtype=torch.float32,
                                            device=self.device)
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
