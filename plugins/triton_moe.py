@@ -13,7 +13,7 @@ Four launches, all sized from shapes alone (no host sync, so they run inside CUD
 3. **down**: grid (row blocks, H tiles): act @ down[e].T, times the assignment's top-k weight.
    Each assignment's row goes to `y[token, rank]`, rank = how many of the token's experts have a
    smaller id, so a token's rows lie in ascending expert order.
-4. **combine**: grid (tokens, H tiles): out[t] = y[t, 0] + y[t, 1] + ..., left to right.
+4. **sum**: grid (tokens, H tiles): out[t] = y[t, 0] + y[t, 1] + ..., left to right.
 
 Programs of the two GEMMs whose row block lies past the last expert's end return at once: the grid
 is the bound `min(N, E) + (N - min(N, E)) // BLOCK_M` on the blocks N assignments can need.
@@ -46,7 +46,7 @@ _ALIGN_CHUNK = 64
 
 
 @triton.jit
-def _align_kernel(idx_ptr, counts_ptr, ends_ptr, sorted_ptr, N, E: tl.constexpr, NB: tl.constexpr,
+def _moe_align_kernel(idx_ptr, counts_ptr, ends_ptr, sorted_ptr, N, E: tl.constexpr, NB: tl.constexpr,
                   BLOCK_M: tl.constexpr, C: tl.constexpr):
     # NB > E: bin E collects the masked lanes of the last chunk.
     bins = tl.arange(0, NB)
@@ -91,7 +91,7 @@ def _block_rows(counts_ptr, ends_ptr, sorted_ptr, E: tl.constexpr, EP: tl.conste
 
 
 @triton.jit
-def _gate_up_kernel(x_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, act_ptr, H, I,
+def _moe_gate_up_kernel(x_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, act_ptr, H, I,
                     TOPK: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     e, rows, real, ids = _block_rows(counts_ptr, ends_ptr, sorted_ptr, E, EP, BLOCK_M)
@@ -118,12 +118,12 @@ def _gate_up_kernel(x_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, act_ptr, H, 
         acc_u = tl.dot(a, tl.trans(wu), acc_u, input_precision=PREC)
     dtype = act_ptr.dtype.element_ty
     # Eager rounds the projection to the model dtype before the activation reads it.
-    act = gelu_tanh_rounded(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), dtype)
+    act = gelu_tanh_rounded(acc_g.to(dtype).to(tl.float32), acc_u.to(dtype).to(tl.float32), act_ptr)
     tl.store(act_ptr + rows.to(tl.int64)[:, None] * I + n[None, :], act, mask=real[:, None] & n_ok[None, :])
 
 
 @triton.jit
-def _down_kernel(act_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, idx_ptr, topw_ptr, y_ptr, H, I,
+def _moe_down_kernel(act_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, idx_ptr, topw_ptr, y_ptr, H, I,
                  TOPK: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     e, rows, real, ids = _block_rows(counts_ptr, ends_ptr, sorted_ptr, E, EP, BLOCK_M)
@@ -154,7 +154,7 @@ def _down_kernel(act_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, idx_ptr, topw
 
 
 @triton.jit
-def _combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
+def _moe_sum_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     t = tl.program_id(0).to(tl.int64)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = c < H
@@ -166,7 +166,7 @@ def _combine_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out_ptr + t * H + c, acc.to(dtype), mask=ok)
 
 
-DECODE = dict(block_m=16, gate_up_n=32, gate_up_k=128, down_n=64, down_k=64, num_warps=4, num_stages=4)
+DECODE = dict(block_m=16, gate_up_n=32, gate_up_k=256, down_n=32, down_k=64, num_warps=4, num_stages=4)
 PREFILL = dict(block_m=64, gate_up_n=64, gate_up_k=64, down_n=128, down_k=64, num_warps=4, num_stages=3)
 # Assignments per expert (bucketed) from which the prefill tiles win: 64-row blocks stop being mostly padding.
 PREFILL_FROM = 32
@@ -218,17 +218,17 @@ def moe(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tens
             t.fill_(bad)
     upcast = interpreting()
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    _align_kernel[(1,)](idx, counts, ends, sorted_ids, n_assign, E=E, NB=triton.next_power_of_2(E + 1), BLOCK_M=bm,
+    _moe_align_kernel[(1,)](idx, counts, ends, sorted_ids, n_assign, E=E, NB=triton.next_power_of_2(E + 1), BLOCK_M=bm,
                         C=min(_ALIGN_CHUNK, triton.next_power_of_2(n_assign)), num_warps=8)
     ep = triton.next_power_of_2(E)
     common = dict(E=E, EP=ep, BLOCK_M=bm, UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
-    _gate_up_kernel[(blocks, triton.cdiv(I, cfg["gate_up_n"]))](
+    _moe_gate_up_kernel[(blocks, triton.cdiv(I, cfg["gate_up_n"]))](
         x, gate_up, counts, ends, sorted_ids, act, H, I, TOPK=K, BLOCK_N=cfg["gate_up_n"],
         BLOCK_K=cfg["gate_up_k"], **common)
-    _down_kernel[(blocks, triton.cdiv(H, cfg["down_n"]))](
+    _moe_down_kernel[(blocks, triton.cdiv(H, cfg["down_n"]))](
         act, down, counts, ends, sorted_ids, idx, w, y, H, I, TOPK=K, KP=triton.next_power_of_2(K),
         BLOCK_N=cfg["down_n"], BLOCK_K=cfg["down_k"], **common)
     block = min(1024, triton.next_power_of_2(H))
-    _combine_kernel[(T, triton.cdiv(H, block))](y, out, H, TOPK=K, BLOCK=block, num_warps=4)
+    _moe_sum_kernel[(T, triton.cdiv(H, block))](y, out, H, TOPK=K, BLOCK=block, num_warps=4)
     return out

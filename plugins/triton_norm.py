@@ -54,9 +54,10 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 
 
 @triton.jit
-def gelu_tanh_rounded(g, u, dtype: tl.constexpr):
-    """gelu_tanh(g) * u in `dtype` from fp32 g and u (values of `dtype`), rounded where eager rounds:
-    the gelu, then the product. Shared by this gated GELU and the experts (triton_moe.py)."""
+def gelu_tanh_rounded(g, u, out_ptr):
+    """gelu_tanh(g) * u in out_ptr's element type from fp32 g and u (values of that type), rounded where
+    eager rounds: the gelu, then the product. Shared by this gated GELU and the experts (triton_moe.py)."""
+    dtype = out_ptr.dtype.element_ty
     z = 0.7978845608028654 * (g + 0.044715 * g * g * g)  # sqrt(2/pi) (x + 0.044715 x^3)
     # 0.5 x (1 + tanh z) = x / (1 + exp(-2z)): no cancellation in the negative tail, exact limits.
     act = (g / (1.0 + tl.exp(-2.0 * z))).to(dtype).to(tl.float32)  # eager rounds gelu before the product
@@ -69,7 +70,7 @@ def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
     ok = i < n
     g = tl.load(gate_ptr + i, mask=ok, other=0.0).to(tl.float32)
     u = tl.load(up_ptr + i, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + i, gelu_tanh_rounded(g, u, out_ptr.dtype.element_ty), mask=ok)
+    tl.store(out_ptr + i, gelu_tanh_rounded(g, u, out_ptr), mask=ok)
 
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:

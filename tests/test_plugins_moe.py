@@ -137,15 +137,15 @@ def test_sum_runs_in_ascending_expert_order(dtype):
     assert torch.equal(moe_ref(x, idx, w, gate_up, down), moe_ref(*swapped))
 
 
-def test_combine_rounds_after_every_add():
+def test_sum_rounds_after_every_add():
     """bf16: 1 + 2^-8 rounds back to 1, so 1, 2^-8, 2^-8 summed left to right give 1, while the two small
-    terms first give 1 + 2^-7. The combine kernel adds in the order the rows lie (ascending expert)."""
+    terms first give 1 + 2^-7. The sum kernel adds in the order the rows lie (ascending expert)."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.plugins import triton_moe
     y = torch.tensor([[[1.0] * 3, [2 ** -8] * 3, [2 ** -8] * 3],
                       [[2 ** -8] * 3, [2 ** -8] * 3, [1.0] * 3]], dtype=torch.bfloat16)
     out = torch.full((2, 3), float("nan"), dtype=torch.bfloat16)
-    triton_moe._combine_kernel[(2, 1)](y, out, 3, TOPK=3, BLOCK=4)
+    triton_moe._moe_sum_kernel[(2, 1)](y, out, 3, TOPK=3, BLOCK=4)
     assert out[0].tolist() == [1.0] * 3 and out[1].tolist() == [1 + 2 ** -7] * 3
 
 
@@ -241,3 +241,30 @@ def test_compiled_26b_step_is_bit_equal_with_plugin_kernels(report):
     report(f"26b compiled (layers) vs eager bf16, plugin kernels incl. moe: logits bit-equal {torch.equal(out, eager)}")
     assert torch.equal(out, eager)
     assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
+
+
+def test_bench_roofline_counts_only_the_chosen_experts():
+    """bench/moe.py's active-weight roofline: the census counts the distinct experts each layer's router
+    chose in decode steps of the batch, and with every expert chosen the bytes are every parameter's."""
+    from conftest import tiny_config
+
+    from g4rt.bench import moe as bench_moe
+    from g4rt.models.checkpoint import random_model
+    from g4rt.runtime.llm import LLM
+    from g4rt.runtime.sampling import SamplingParams
+
+    model = random_model(tiny_config("26b"), torch.float32, "cpu", seed=1)
+    E, L = model.config.num_experts, model.config.num_hidden_layers
+    census = bench_moe.ExpertCensus(model, tokens=3)
+    try:
+        LLM.paged(model, num_frames=64).generate([[5, 6, 7, 8], [9, 10, 11], [3, 4]],
+                                                 SamplingParams(max_new_tokens=4, ignore_eos=True))
+    finally:
+        census.close()
+    assert all(len(steps) == 3 for steps in census.seen.values())  # the 3 decode steps, not the prefill
+    distinct = census.distinct()
+    assert len(distinct) == L and all(model.config.top_k_experts <= d <= E for d in distinct)
+    everything = sum(p.numel() * p.element_size() for p in model.parameters())
+    assert bench_moe.active_weight_bytes(model, [E] * L) == everything
+    fewer = bench_moe.active_weight_bytes(model, distinct)
+    assert fewer == everything - round(sum(E - d for d in distinct) * bench_moe.expert_bytes(model))
