@@ -20,6 +20,7 @@ help:
 	@echo "make test       run the CPU test suite (HF parity, kernels under TRITON_INTERPRET, runtime, export)"
 	@echo "make test-fast  the same without the tests marked slow (over 10 s each)"
 	@echo "make plan       KV bytes and capacity for the four published sizes"
+	@echo "make trt-engine build + verify a TensorRT engine of MODEL (needs TensorRT >= 10.9 and a GPU)"
 	@echo "make clean      remove the virtualenv and artifacts"
 
 $(STAMP): pyproject.toml
@@ -54,6 +55,22 @@ bench-gpu:
 	python3 -m g4rt.bench.engine --config 31b --out $(OUT_DIR)/engine --profile
 	python3 -m g4rt.bench.engine --config 31b --out $(OUT_DIR)/matmuls --matmuls
 	python3 -m g4rt.bench.runtime --config 31b --out $(OUT_DIR)/runtime
+
+# On a CUDA machine: the four published sizes at full depth, eager and inductor engines, Triton and
+# reference kernels, against Hugging Face in float64 (bench/parity.py; results in models/results/).
+# PARITY_ARGS="--break-window" runs our engines with the sliding window W-1, which must fail.
+.PHONY: gpu-parity
+gpu-parity:
+	python3 -m g4rt.bench.parity --out $(OUT_DIR)/parity $(PARITY_ARGS)
+
+# A TensorRT engine of MODEL, proven (DESIGN.md "First run on a TensorRT machine"): prerequisites
+# (without TensorRT >= 10.9 and a GPU it stops there, naming what is missing), export with golden
+# steps, plan build with progress, arena-copy inspection, polygraphy check, greedy tokens vs eager.
+# TRT_ARGS passes build limits, e.g. TRT_ARGS="--chunk 8192 --max-batched-tokens 8192".
+TRT_ENGINE ?= artifacts/$(notdir $(MODEL))-trt
+.PHONY: trt-engine
+trt-engine: $(STAMP)
+	$(BIN)/g4rt trt-engine --model $(MODEL) --out $(TRT_ENGINE) $(TRT_ARGS)
 
 clean:
 	rm -rf $(VENV) artifacts

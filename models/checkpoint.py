@@ -151,10 +151,30 @@ def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
 
 # ---- random checkpoints --------------------------------------------------------------------------
 
-def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Generator) -> torch.Tensor:
+INITS = ("default", "deep")
+# The post-norms whose outputs are added to the residual stream: their weights set each branch's size.
+BRANCH_NORMS = ("post_attention_layernorm.weight", "post_feedforward_layernorm.weight",
+                "post_per_layer_input_norm.weight")
+
+
+def check_init(init: str) -> str:
+    """`init` if it names a set of init rules (`INITS`), else a ValueError naming the field."""
+    if init not in INITS:
+        raise ValueError(f"init: {init!r} is not one of {', '.join(INITS)}")
+    return init
+
+
+def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Generator,
+                   init: str = "default") -> torch.Tensor:
     """Init scales that keep activations sane and make bugs visible: norms and scales are perturbed
     away from 1 (a "1 + w" bug or a dropped scale changes the output), projections ~ 1/sqrt(fan_in),
-    embeddings large enough that logits spread over a few units (clear greedy choices)."""
+    embeddings large enough that logits spread over a few units (clear greedy choices).
+
+    `init="deep"` (DESIGN.md, "Random weights: two inits") changes four kinds of tensor so that a
+    full-depth model is not chaotic: layer_scalar near 1 (the stream is not shrunk every layer), residual
+    branches at 0.3 of the default (each layer turns the stream a little), softer q/k norms, and a final
+    norm centred on 0 (the stream keeps the token's own embedding, which a positive final norm and the
+    tied lm_head would pick again at every step)."""
     def normal(std, mean=0.0):
         return torch.randn(shape, generator=g, device=g.device) * std + mean
 
@@ -162,6 +182,15 @@ def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Gen
         return torch.rand(shape, generator=g, device=g.device) * (hi - lo) + lo
 
     leaf = name.rsplit(".", 1)[-1]
+    if check_init(init) == "deep":
+        if name.endswith("layer_scalar"):
+            return uniform(0.97, 1.03)
+        if name.endswith(BRANCH_NORMS):
+            return normal(0.045, 0.3)
+        if name == "norm.weight":
+            return normal(1.0)
+        if name.endswith(("q_norm.weight", "k_norm.weight")):
+            return normal(0.03, 0.3)
     if name.endswith("layer_scalar"):
         return uniform(0.5, 1.0)
     if name.endswith("router.per_expert_scale"):
@@ -190,14 +219,15 @@ def hf_config_dict(cfg: Gemma4Config, dtype: str) -> dict:
     return d
 
 
-def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 0, dtype: str = "bfloat16") -> Path:
+def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 0, dtype: str = "bfloat16",
+                            init: str = "default") -> Path:
     """Write config.json + model.safetensors (HF text-only layout, names under `model.`) with seeded
-    random weights. Deterministic for a given (cfg, seed, dtype). Meant for small configs."""
+    random weights. Deterministic for a given (cfg, seed, dtype, init). Meant for small configs."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
     shapes = Gemma4Model(cfg, dtype=torch.float32, device="meta").state_dict()
-    tensors = {f"model.{name}": _random_tensor(name, t.shape, cfg, g).to(torch_dtype(dtype)).contiguous()
+    tensors = {f"model.{name}": _random_tensor(name, t.shape, cfg, g, init).to(torch_dtype(dtype)).contiguous()
                for name, t in shapes.items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, dtype), indent=2) + "\n")
@@ -206,14 +236,15 @@ def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 
 
 @torch.no_grad()
 def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
-                 kernels: str | None = None) -> Gemma4Model:
+                 kernels: str | None = None, init: str = "default") -> Gemma4Model:
     """A model with seeded random weights drawn directly on `device` (same init rules as
     `write_random_checkpoint`). GPU benchmarks of the published sizes use it: a 31B checkpoint file
     would be 61 GB written and read back for nothing."""
+    check_init(init)
     model = Gemma4Model(cfg, dtype=dtype, device="meta")
     model.to_empty(device=device)
     model.reset_rope()
     g = torch.Generator(device=device).manual_seed(seed)
     for name, t in model.state_dict(keep_vars=True).items():
-        t.copy_(_random_tensor(name, t.shape, cfg, g))
+        t.copy_(_random_tensor(name, t.shape, cfg, g, init))
     return _ready(model, device, kernels)
