@@ -228,7 +228,7 @@ def test_a_rank_that_never_loads_times_out(checkpoints):
 
 @pytest.mark.parametrize("rank, build, raised, stopped", [
     (1, parallel_builders.fail_step3_on_rank1, ParallelError, "tensor-parallel rank 1 failed"),
-    (0, parallel_builders.fail_step3_on_rank0, RuntimeError, "rank 0 failed: RuntimeError"),
+    (0, parallel_builders.fail_step3_on_rank0, RuntimeError, "tensor-parallel rank 0 failed: RuntimeError"),
 ])
 def test_a_rank_that_fails_mid_run_stops_every_rank(rank, build, raised, stopped, checkpoints):
     """Rank 1 failing: rank 0 raises its report. Rank 0 failing: its own error, and the workers (waiting
