@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -26,6 +27,7 @@ from g4rt.models.checkpoint import checkpoint_files, load_model
 from g4rt.models.config import load_config
 from g4rt.models.layout import ALIGN, KVLayout, PageGeometry, torch_dtype
 from g4rt.models.paged import PagedStep
+from g4rt.models.profiles import StepLimits, derive_profiles
 from g4rt.models.tiny import resolve_model_dir as _resolve
 
 ORT_OPTIMIZED_FILE = "model.ort.onnx"
@@ -63,9 +65,12 @@ def copy_tokenizer(model_dir: Path, out: Path) -> dict:
 
 
 def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "float32", page_tokens: int = 16,
-                backend: str = "onnxruntime", bar: tqdm | None = None) -> dict:
-    """Load the checkpoint once, export PagedStep(functional=True) to `out_dir`, write the manifest."""
+                backend: str = "onnxruntime", bar: tqdm | None = None, limits: StepLimits | None = None) -> dict:
+    """Load the checkpoint once, export PagedStep(functional=True) to `out_dir`, write the golden
+    steps (export/goldens.py) and the manifest. `limits` (the scheduler limits the engine is built
+    for) become the manifest's `profiles`, which a TensorRT build needs."""
     try:
+        from .goldens import write_goldens
         from .onnx_export import DATA_FILE, MODEL_FILE, export_step
     except ImportError as e:
         raise BuildError(f"exporting ONNX needs the export extra (pip install 'g4rt[export]'): {e}") from None
@@ -76,10 +81,15 @@ def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "fl
     cfg = model.config
     geometry = _geometry(cfg, dtype, page_tokens)
     _tick(bar, "export ONNX")
-    export_step(PagedStep(model, geometry, functional=True), geometry, out, torch_dtype(dtype))
-    del model
+    step = PagedStep(model, geometry, functional=True)
+    export_step(step, geometry, out, torch_dtype(dtype))
+    _tick(bar, "golden steps (eager torch)")
+    golden = write_goldens(step, geometry, out, torch_dtype(dtype))
+    del model, step
     files = {"onnx": MODEL_FILE, "onnx_data": DATA_FILE, **copy_tokenizer(model_dir, out)}
-    manifest = _manifest(cfg, geometry, model_dir, backend, dtype, page_tokens, files=files)
+    extra = {"golden": golden, **({"limits": asdict(limits)} if limits else {})}
+    manifest = _manifest(cfg, geometry, model_dir, backend, dtype, page_tokens, files=files, extra=extra,
+                         profiles=derive_profiles(limits, geometry) if limits else None)
     mf.write_manifest(out, manifest)
     return manifest
 
@@ -166,27 +176,35 @@ def check_backend_available(backend: str) -> None:
 
 
 def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: str | None = None,
-          page_tokens: int = 16, progress: bool = True) -> Path:
-    """Build an engine directory for `backend` and return its path."""
+          page_tokens: int = 16, progress: bool = True, limits: StepLimits | None = None,
+          providers: list[str] | None = None) -> Path:
+    """Build an engine directory for `backend` and return its path. tensorrt needs `limits` (its
+    optimization profile); onnxruntime records `providers` (its execution providers) in the manifest."""
     check_backend_available(backend)
+    if backend == "tensorrt" and limits is None:
+        raise BuildError("a tensorrt build needs step limits (max batched tokens, chunk, sequences, frames, model "
+                         "length) for its optimization profile")
     dtype = dtype or {"onnxruntime": "float32"}.get(backend, "bfloat16")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    steps = {"onnxruntime": 3, "inductor": 1, "tensorrt": 3}[backend]
+    steps = {"onnxruntime": 4, "inductor": 1, "tensorrt": 4}[backend]
     with tqdm(total=steps, desc="", disable=not progress, unit="step") as bar:
         if backend == "inductor":
             _tick(bar, "write inductor engine")
             write_inductor_engine(resolve_model_dir(model_spec), out, dtype=dtype, page_tokens=page_tokens)
         else:
-            manifest = export_onnx(model_spec, out, dtype=dtype, page_tokens=page_tokens, backend=backend, bar=bar)
+            manifest = export_onnx(model_spec, out, dtype=dtype, page_tokens=page_tokens, backend=backend, bar=bar,
+                                   limits=limits)
             if backend == "onnxruntime":
                 _tick(bar, "optimize for ONNX Runtime")
                 optimize_for_ort(out)
                 manifest["files"]["ort_optimized"] = ORT_OPTIMIZED_FILE
+                if providers:
+                    manifest["execution_providers"] = list(providers)
             else:
                 from .trt import build_trt_engine
-                _tick(bar, "build TensorRT engine")
-                manifest.update(build_trt_engine(out))
+                _tick(bar, "build and inspect the TensorRT engine")
+                manifest.update(build_trt_engine(out, progress=progress))
             mf.write_manifest(out, manifest)
         if not bar.disable:
             bar.update(bar.total - bar.n)

@@ -1,0 +1,95 @@
+"""Step-size bounds of a compiled engine: derived from the scheduler limits it was built for,
+recorded in its manifest (`profiles`), and checked against every step before it runs.
+
+A TensorRT plan accepts only shapes inside its optimization profile; a step outside it fails deep
+in `execute_async_v3` (or, for a table wider than the profile, not at all before reading past it).
+So the bounds come from the limits the runtime's scheduler will obey, not from constants:
+
+* tokens (T) <= max_batched_tokens, the scheduler's max_num_batched_tokens;
+* seqs (B) and logits rows (R) <= max_seqs;
+* sliding table width <= the sliding pages one request holds while computing a chunk
+  (PageGeometry.sliding_pages_per_request, `chunk` being the scheduler's), and never more than the
+  model length needs;
+* full table width <= the full pages of max_model_len positions;
+* frames <= max_frames (the arena), which also caps both widths.
+
+Each bound is (min, opt, max); opt is the steady decode state of a full batch (T = B = max_seqs,
+every table at its widest, the whole arena), where TensorRT picks its tactics. `check_step` refuses a
+step outside the bounds by the symbol's name and the `g4rt build` flag that sets it; any engine whose
+manifest has profiles runs it.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from .layout import PageGeometry
+from .step import INPUTS, SYMBOLS, dim_symbol, input_shape
+
+# The `g4rt build` flag behind each bound, for error messages.
+FLAGS = {"tokens": "--max-batched-tokens", "seqs": "--max-seqs", "rows": "--max-seqs", "sliding_pages": "--chunk",
+         "full_pages": "--max-model-len", "frames": "--max-frames"}
+
+
+class ProfileError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class StepLimits:
+    """What the runtime's scheduler may hand an engine in one step (see the module docstring)."""
+
+    max_batched_tokens: int
+    chunk: int
+    max_seqs: int
+    max_frames: int
+    max_model_len: int
+
+    def __post_init__(self):
+        for name, value in asdict(self).items():
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"step limit {name} must be a positive integer, got {value!r}")
+        if self.chunk > self.max_batched_tokens:
+            raise ValueError(f"chunk ({self.chunk}) must not exceed max_batched_tokens ({self.max_batched_tokens})")
+        if self.max_seqs > self.max_batched_tokens:
+            raise ValueError(f"max_seqs ({self.max_seqs}) must not exceed max_batched_tokens "
+                             f"({self.max_batched_tokens}): "
+                             f"every sequence of a step has at least one token")
+
+
+def derive_profiles(limits: StepLimits, geometry: PageGeometry) -> dict[str, list[int]]:
+    """{symbol: [min, opt, max]} for every dynamic dim of the step graph (models.step.SYMBOLS)."""
+    frames = limits.max_frames
+    sliding = min(geometry.sliding_pages_per_request(limits.chunk) or 1,
+                  geometry.pages_for("sliding", limits.max_model_len), frames)
+    full = min(geometry.pages_for("full", limits.max_model_len), frames)
+    top = {"tokens": limits.max_batched_tokens, "seqs": limits.max_seqs, "rows": limits.max_seqs,
+           "sliding_pages": max(1, sliding), "full_pages": max(1, full), "frames": frames}
+    opt = dict(top, tokens=limits.max_seqs)
+    assert set(top) == set(SYMBOLS), "a step symbol without a bound"
+    return {sym: [1, opt[sym], top[sym]] for sym in SYMBOLS}
+
+
+def profile_shapes(profiles: dict, frame_elems: int) -> dict[str, tuple]:
+    """Input name -> (min shape, opt shape, max shape), from the symbol bounds through the contract."""
+    points = [{**{s: b[i] for s, b in profiles.items()}, "frame_elems": frame_elems} for i in range(3)]
+    return {name: tuple(input_shape(name, p) for p in points) for name in INPUTS}
+
+
+def step_sizes(shapes: dict[str, tuple]) -> dict[str, int]:
+    """Symbol sizes of one step, read from its input shapes (name -> shape) through the contract."""
+    sizes = {}
+    for name, dims in INPUTS.items():
+        for dim, n in zip(dims, shapes[name]):
+            sym, plus = dim_symbol(dim)
+            if sym in SYMBOLS:
+                sizes.setdefault(sym, int(n) - plus)
+    return sizes
+
+
+def check_step(profiles: dict, sizes: dict[str, int]) -> None:
+    """Raise ProfileError naming the first symbol of `sizes` outside its profile bound."""
+    for sym, (lo, _, hi) in profiles.items():
+        n = sizes.get(sym)
+        if n is not None and not lo <= n <= hi:
+            raise ProfileError(f"step has {sym} = {n}, outside the engine's profile [{lo}, {hi}]; rebuild the "
+                               f"engine with a larger {FLAGS.get(sym, sym)} or keep the scheduler within it")
