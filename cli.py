@@ -305,7 +305,6 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
                         "process")
 
 
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="g4rt", description="g4rt: Gemma 4 text inference. generate tokens, plan KV capacity, export the step graph and "
                                      "build engines. `g4rt COMMAND --help` explains each.")
@@ -397,7 +396,7 @@ def _export_common(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_export(args) -> int:
-    _need("export", "export", "onnx", "onnxscript")
+    _need("export", "export", "onnx", "onnxscript", "polygraphy")
     from g4rt.export.build import BuildError, export_onnx
     from g4rt.models.manifest import ManifestError
     try:
@@ -411,15 +410,23 @@ def cmd_export(args) -> int:
 
 def cmd_build(args) -> int:
     if args.backend != "inductor":
-        _need("build", "export", "onnx", "onnxscript")
-    from g4rt.export.build import BuildError, build
+        _need("build", "export", "onnx", "onnxscript", "polygraphy")
+    from g4rt.export.build import BuildError, build, check_backend_available
     from g4rt.models.manifest import ManifestError
+    limits = providers = None
     try:
+        check_backend_available(args.backend)
+        if args.backend == "tensorrt":
+            limits = _step_limits(args, "build", args.dtype or "bfloat16")
+        if args.backend == "onnxruntime":
+            from g4rt.runtime.engines.onnxruntime import default_providers
+            providers = args.ort_providers or default_providers()
         out = build(args.model, args.backend, args.out, dtype=args.dtype, page_tokens=args.page_tokens,
-                    progress=not args.quiet)
-    except (BuildError, ManifestError) as e:
+                    progress=not args.quiet, limits=limits, providers=providers)
+    except (BuildError, ManifestError, RuntimeError) as e:
         raise SystemExit(f"build: {e}")
-    print(f"built {args.backend} engine in {out}")
+    named = f" (execution providers: {', '.join(providers)})" if providers else ""
+    print(f"built {args.backend} engine in {out}{named}")
     return 0
 
 
@@ -444,7 +451,192 @@ def _export_commands(sub) -> None:
     _export_common(b)
     b.add_argument("--backend", choices=list(BACKENDS), required=True)
     b.add_argument("--quiet", action="store_true", help="no progress bar")
+    b.add_argument("--ort-providers", nargs="+", default=None, metavar="PROVIDER",
+                   help="onnxruntime: execution providers recorded in the manifest (default: CUDAExecutionProvider "
+                        "then CPU when onnxruntime-gpu is installed, else CPUExecutionProvider)")
+    _limits_args(b)
     b.set_defaults(func=cmd_build)
+    _trt_commands(sub)
+
+
+# ---- TensorRT readiness: limits for compiled engines, `g4rt check`, `g4rt trt-engine` -------------
+
+TRT_ARENA_GIB = 64.0  # default arena bound of a build: what an H200 keeps for KV next to the 31B's bf16 weights
+
+
+def _limits_args(p: argparse.ArgumentParser) -> None:
+    """The scheduler limits a compiled engine is built for (its TensorRT optimization profile)."""
+    from g4rt.runtime.scheduler import SchedulerConfig
+    d = SchedulerConfig()
+    p.add_argument("--max-batched-tokens", type=_positive("--max-batched-tokens"), default=d.max_num_batched_tokens,
+                   help="tokens of one step at most (the scheduler's max_num_batched_tokens)")
+    p.add_argument("--chunk", type=_positive("--chunk"), default=d.chunk,
+                   help="prefill chunk of one request at most (bounds the sliding page table)")
+    p.add_argument("--max-seqs", type=_positive("--max-seqs"), default=d.max_num_seqs,
+                   help="sequences of one step at most")
+    p.add_argument("--max-frames", type=_positive("--max-frames"), default=None,
+                   help=f"KV arena frames at most (default: what {TRT_ARENA_GIB:g} GiB holds)")
+    p.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
+                   help="positions of one request at most (default: the model's max_position_embeddings)")
+
+
+def _step_limits(args, cmd: str, dtype: str):
+    """StepLimits from the flags; the defaults that depend on the model come from its config."""
+    from g4rt.models.layout import KVLayout
+    from g4rt.models.profiles import StepLimits
+    from g4rt.runtime.arena import frames_in_budget
+    cfg = load_config(_model_dir(args.model))
+    geometry = PageGeometry.build(KVLayout.from_config(cfg, dtype), args.page_tokens)
+    try:
+        return StepLimits(max_batched_tokens=args.max_batched_tokens, chunk=args.chunk, max_seqs=args.max_seqs,
+                          max_frames=args.max_frames or max(1, frames_in_budget(int(TRT_ARENA_GIB * GIB),
+                                                                                geometry.frame_bytes())),
+                          max_model_len=args.max_model_len or cfg.max_position_embeddings)
+    except ValueError as e:
+        raise SystemExit(f"{cmd}: {e}")
+
+
+def _tolerance(text: str) -> tuple[str, float]:
+    name, sep, value = text.partition("=")
+    try:
+        return name, float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--atol: expected OUTPUT=VALUE (e.g. logits=1e-3), got {text!r}") from None
+
+
+def check_engine(engine_dir: str | Path, *, atol: dict | None = None, providers: list[str] | None = None) -> dict:
+    """The polygraphy comparison of an engine directory against its golden steps (export/goldens.py):
+    ONNX Runtime engines through polygraphy's OnnxrtRunner, TensorRT plans through its TrtRunner."""
+    from g4rt.export.goldens import compare, tolerances
+    from g4rt.models import manifest as mf
+    manifest = mf.read_manifest(engine_dir)
+    backend = manifest.get("backend")
+    if backend == "onnxruntime":
+        from polygraphy.backend.onnxrt import OnnxrtRunner
+
+        from g4rt.runtime.engines.onnxruntime import resolve_providers, session
+        chosen = resolve_providers(manifest, providers)
+        runner = OnnxrtRunner(lambda: session(engine_dir, manifest, chosen), name="onnxruntime")
+        where = f"onnxruntime ({', '.join(chosen)})"
+    elif backend == "tensorrt":
+        from g4rt.runtime.engines.tensorrt import polygraphy_runner
+        runner = polygraphy_runner(engine_dir, manifest)
+        where = f"tensorrt {manifest.get('tensorrt_version', '?')}"
+    else:
+        raise ValueError(f"{engine_dir}: `check` compares onnxruntime and tensorrt engines; this one is {backend!r}")
+    report = compare(manifest, engine_dir, runner, tolerances(manifest["dtype"], atol))
+    return {**report, "engine": where, "dtype": manifest["dtype"]}
+
+
+def _print_check(report: dict) -> None:
+    print(f"{report['engine']} vs golden eager-torch steps ({report['dtype']}; max |error| per output)")
+    for s in report["steps"]:
+        for name, o in s["outputs"].items():
+            verdict = "ok" if o["passed"] else "FAIL"
+            print(f"  {s['step']:<8} {name:<10} {o['max_abs']:.3e}  (atol {report['tolerances'][name]:.1e})  {verdict}")
+    print("PASSED" if report["passed"] else "FAILED")
+
+
+def cmd_check(args) -> int:
+    _need("check", "export", "onnx", "polygraphy")
+    from g4rt.export.goldens import GoldenError
+    from g4rt.models.manifest import ManifestError
+    from g4rt.plugins.trt_plugins import TensorRTUnavailable
+    try:
+        report = check_engine(args.engine_dir, atol=dict(args.atol or []), providers=args.ort_providers)
+    except (GoldenError, ManifestError, TensorRTUnavailable, RuntimeError, ValueError, OSError) as e:
+        raise SystemExit(f"check: {e}")
+    if args.json:
+        print(json.dumps(report))
+    else:
+        _print_check(report)
+    return 0 if report["passed"] else 1
+
+
+def generation_parity(engine_dir: str | Path, model_dir: str | Path, prompts: list[list[int]], new_tokens: int,
+                      device: str = "cpu") -> dict:
+    """Greedy tokens of the built engine against the eager paged engine on the same checkpoint, in the
+    engine's dtype, under the same scheduler: {"equal", "engine", "eager", "first_difference"}."""
+    from g4rt.models import manifest as mf
+    from g4rt.models.checkpoint import load_model
+    from g4rt.runtime.engines import open_engine
+    from g4rt.runtime.llm import LLM
+    from g4rt.runtime.scheduler import SchedulerConfig
+
+    manifest = mf.read_manifest(engine_dir)
+    geometry = mf.manifest_geometry(manifest)
+    limits = manifest.get("limits", {})
+    config = SchedulerConfig(max_num_batched_tokens=limits.get("max_batched_tokens", 512),
+                             chunk=limits.get("chunk", 256), max_num_seqs=limits.get("max_seqs", 64))
+    frames = sum(promise_for(geometry, len(p), new_tokens, config.chunk).frames for p in prompts)
+    engine = open_engine(engine_dir, frames)
+    got = [o.token_ids for o in LLM(engine, frames, config, eos_ids=()).generate(
+        prompts, SamplingParams(max_new_tokens=new_tokens))]
+    del engine
+    model = load_model(model_dir, dtype=manifest["dtype"], device=device)
+    want = [o.token_ids for o in LLM.paged(model, num_frames=frames, page_tokens=manifest["geometry"]["page_tokens_arg"],
+                                           config=config).generate(prompts, SamplingParams(max_new_tokens=new_tokens))]
+    first = next(((i, j) for i, (a, b) in enumerate(zip(got, want)) for j, (x, y) in enumerate(zip(a, b)) if x != y),
+                 None)
+    return {"equal": got == want, "engine": got, "eager": want, "first_difference": first}
+
+
+def cmd_trt_engine(args) -> int:
+    """Prerequisites, export + build + inspection, polygraphy check, short generation against eager."""
+    from g4rt.plugins.trt_plugins import prerequisites
+    missing = prerequisites()
+    if missing:
+        raise SystemExit("trt-engine: this machine cannot build a TensorRT engine (nothing was written):\n"
+                         + "\n".join(f"  - {m}" for m in missing))
+    from g4rt.export.build import BuildError, build
+    from g4rt.export.trt import TrtBuildError
+    from g4rt.models.manifest import ManifestError
+    dtype = args.dtype or "bfloat16"
+    print(f"[1/3] export, golden steps, TensorRT build and arena inspection -> {args.out}", flush=True)
+    try:
+        build(args.model, "tensorrt", args.out, dtype=dtype, page_tokens=args.page_tokens,
+              limits=_step_limits(args, "trt-engine", dtype))
+    except (BuildError, ManifestError, TrtBuildError) as e:
+        raise SystemExit(f"trt-engine: {e}")
+    print("[2/3] polygraphy check against the golden steps", flush=True)
+    report = check_engine(args.out)
+    _print_check(report)
+    if not report["passed"]:
+        raise SystemExit("trt-engine: the engine does not match the golden steps")
+    print(f"[3/3] greedy generation, {args.new_tokens} tokens: TensorRT vs the eager engine", flush=True)
+    parity = generation_parity(args.out, _model_dir(args.model), [[2, 15, 7, 42, 9, 3, 11, 5], [2, 99, 4]],
+                               args.new_tokens, device="cuda")
+    print(json.dumps(parity))
+    if not parity["equal"]:
+        raise SystemExit(f"trt-engine: tokens differ from the eager engine at (prompt, position) "
+                         f"{parity['first_difference']}")
+    print(f"trt-engine: {args.out} is built, checked and generates the eager engine's tokens")
+    return 0
+
+
+def _trt_commands(sub) -> None:
+    c = sub.add_parser(
+        "check", help="compare an engine with its golden steps (polygraphy)",
+        description="Run the engine directory's golden steps (golden/inputs.json, written by export from the eager "
+                    "torch step on the same weights) through polygraphy: ONNX Runtime engines with OnnxrtRunner, "
+                    "TensorRT plans with TrtRunner (plugins registered); report the max absolute error of each "
+                    "output of each step against per-dtype tolerances. Exit 1 if any exceeds. Needs the export extra.")
+    c.add_argument("engine_dir")
+    c.add_argument("--atol", type=_tolerance, action="append", metavar="OUTPUT=VALUE",
+                   help="override one output's tolerance, e.g. logits=5e-3 (repeatable)")
+    c.add_argument("--ort-providers", nargs="+", default=None, metavar="PROVIDER",
+                   help="ONNX Runtime execution providers (default: the manifest's, else CUDA when available, CPU)")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=cmd_check)
+    t = sub.add_parser(
+        "trt-engine", help="build a TensorRT engine and prove it (what `make trt-engine` runs)",
+        description="On a machine with TensorRT >= 10.9 and a GPU: check the prerequisites (and say exactly what is "
+                    "missing), export with golden steps, build the plan with progress, fail if it copies the KV "
+                    "arena, run the polygraphy check, and compare a short greedy generation with the eager engine.")
+    _export_common(t)
+    _limits_args(t)
+    t.add_argument("--new-tokens", type=_positive("--new-tokens"), default=8)
+    t.set_defaults(func=cmd_trt_engine)
 
 
 def main(argv: list[str] | None = None) -> int:
