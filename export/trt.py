@@ -152,6 +152,8 @@ def build_trt_engine(engine_dir: str | Path, progress: bool = True) -> dict:
     cfg = builder.create_builder_config()
     cfg.set_preview_feature(trt.PreviewFeature.ALIASED_PLUGIN_IO_10_03, True)
     cfg.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # the inspector needs layer details
+    if manifest["dtype"] == "float32" and hasattr(trt.BuilderFlag, "TF32"):
+        cfg.clear_flag(trt.BuilderFlag.TF32)  # fp32 plans are checked against fp32 goldens at 1e-3
     if progress and hasattr(trt, "IProgressMonitor"):
         cfg.progress_monitor = _progress_monitor(trt)
     profile = builder.create_optimization_profile()
