@@ -2,6 +2,7 @@
 TP=2 over gloo on CPU against TP=1 for the four tiny variants, and ranks that fail."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import time
 
@@ -241,3 +242,16 @@ def test_a_rank_that_fails_mid_run_stops_every_rank(rank, build, raised, stopped
     assert not _our_processes()
     with pytest.raises(ParallelError, match=f"stopped after an error; {stopped}"):
         engine.step(None)
+
+
+def test_cli_generate_tensor_parallel_2(checkpoints, capsys):
+    from g4rt.cli import main
+    argv = ["generate", "--model", str(checkpoints["e2b"]), "--token-ids", "2,5,9,11,3,7,8,9,10,12",
+            "--token-ids", "2,100,200", "--max-new-tokens", "6", "--chunk", "4", "--json"]
+    runs = []
+    for tp in ("1", "2"):
+        assert main(argv + ["--tensor-parallel", tp]) == 0
+        runs.append(json.loads(capsys.readouterr().out))
+    assert [o["token_ids"] for o in runs[1]["outputs"]] == [o["token_ids"] for o in runs[0]["outputs"]]
+    assert runs[1]["engine"] == "eager over 2 ranks"
+    assert not _our_processes()
