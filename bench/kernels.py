@@ -49,13 +49,15 @@ MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
 # columns cut across 2 or 4 programs (dv_split), which frees the registers and shared memory that
 # bound its tiles.
 PREFILL_SWEEP = {
-    "31B-full": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
-                 for r, n, w, st, v in [(64, 32, 8, 2, 2), (128, 32, 8, 1, 2), (128, 64, 8, 1, 2),
-                                        (64, 64, 4, 2, 2), (128, 64, 8, 2, 4), (128, 32, 4, 2, 4),
-                                        (64, 16, 4, 2, 1), (128, 16, 8, 1, 1)]],
+    "31B-full": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v, interior=i)
+                 for r, n, w, st, v, i in [(64, 32, 8, 1, 1, True), (64, 32, 8, 1, 1, False),
+                                           (128, 64, 8, 1, 2, False), (128, 32, 8, 1, 2, True),
+                                           (64, 64, 8, 1, 2, True), (128, 64, 8, 1, 4, True),
+                                           (64, 32, 4, 2, 2, True), (128, 128, 8, 1, 4, True)]],
     "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
                     for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
-                                           (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]],
+                                           (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]]
+                   + [dict(rows=128, block_n=64, num_warps=8, num_stages=2, interior=False)],
 }
 
 
@@ -238,6 +240,7 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="reduced grid, < 90 s")
     ap.add_argument("--prefill-only", action="store_true",
                     help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
+    ap.add_argument("--layers", default="31B-full,31B-sliding", help="the layers --prefill-only runs")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     import triton
@@ -249,7 +252,7 @@ def main(argv=None):
     res["ceilings"] = peak
     print("ceilings", peak, flush=True)
     if args.prefill_only:
-        for layer in ("31B-full", "31B-sliding"):
+        for layer in args.layers.split(","):
             guarded(res, "prefill", prefill_case, layer, 8192, 8192, peak)
             for cfg in PREFILL_SWEEP[layer]:
                 guarded(res, "prefill_sweep", prefill_case, layer, 8192, 8192, peak, config=cfg)

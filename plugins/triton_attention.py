@@ -86,7 +86,7 @@ def _paged_attn_kernel(
     scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
-    DV_SPLIT: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -97,8 +97,11 @@ def _paged_attn_kernel(
     pid0 = tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
-    dv_part = pid0 % DV_SPLIT
-    pid0 = pid0 // DV_SPLIT
+    if DV_SPLIT == 1:
+        dv0 = 0  # a constant: V and output columns share `d`'s index vector (head dim 512 has no registers to spare)
+    else:
+        dv0 = (pid0 % DV_SPLIT) * DV
+        pid0 = pid0 // DV_SPLIT
     mb = pid0 // num_splits
     split = pid0 % num_splits
 
@@ -116,7 +119,6 @@ def _paged_attn_kernel(
     row_ok = (qi < q_len) & (g < G)
     pos = kv_len - q_len + qi  # absolute position of each row's query
     d = tl.arange(0, D)
-    dv0 = dv_part * DV
     dv = dv0 + tl.arange(0, DV)
     q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
     q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
@@ -144,15 +146,20 @@ def _paged_attn_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DV], tl.float32)
-    m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl, arena_ptr,
-                                  table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride,
-                                  t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
-    m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j0 * BLOCK_N, t_begin + j1 * BLOCK_N, pos, wl,
-                                  arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                  table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, False, UPCAST, PREC)
-    m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j1 * BLOCK_N, t_end, pos, wl, arena_ptr,
-                                  table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride,
-                                  t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+    if INTERIOR:
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl,
+                                      arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
+                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j0 * BLOCK_N, t_begin + j1 * BLOCK_N,
+                                      pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
+                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, False, UPCAST, PREC)
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j1 * BLOCK_N, t_end, pos, wl,
+                                      arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
+                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+    else:  # one masked loop over every tile
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_end, pos, wl, arena_ptr, table_ptr,
+                                      b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end, dv0,
+                                      HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
 
     if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
@@ -196,17 +203,22 @@ def _sm_count(index: int) -> int:
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
-    From the H200 sweep (bench/kernels.py, torch 2.11 / triton 3.6), for 2-byte inputs: prefill D=256
-    128x64/8 warps 308 TFLOP/s (64x32/4: 256); D=512 64x32/8 warps/1 stage 149 TFLOP/s (larger tiles
-    exceed smem); decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
-    fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved:
-    fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB. Untimed; chosen to fit."""
+    From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
+    for 2-byte inputs at 8k: prefill D=256 128x64/8 warps/2 stages 355 TFLOP/s (51 % of the bf16
+    matmul rate) with the unmasked interior tiles; D=512 128x64/8 warps/1 stage with the output columns
+    cut in two (dv_split 2) 164 TFLOP/s, the best of the tiles tried (64x32 without the cut: 149);
+    decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
+    fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
+    D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
+    Untimed; chosen to fit."""
     if decode:
         cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 128:
         cfg = {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 256:
         cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
+    elif elem_bytes <= 2:
+        cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 1, "dv_split": 2}
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
     if elem_bytes > 2:
@@ -241,7 +253,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
 
     Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned),
     `num_splits` (force the decode split count), `config` (tile overrides, see default_config;
-    `dv_split` > 1 cuts the output columns across programs, prefill only),
+    `dv_split` > 1 cuts the output columns across programs, prefill only; `interior` False masks
+    every key tile, the bench's A/B of the unmasked interior),
     `decode` (force or forbid the decode launch shape; it needs T == B)."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
@@ -290,7 +303,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
         num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
-        BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, UPCAST=upcast, PREC=prec,
+        BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
+        UPCAST=upcast, PREC=prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:
