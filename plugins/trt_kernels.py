@@ -43,15 +43,20 @@ def kv_write_abi(arena, k, v, slots, k_offset, v_offset, stride_frame, arena_out
 def attention_abi(q, arena, cu_q, kv_lens, table, first, window_left, k_offset, v_offset, stride_frame,
                   table_stride, num_splits, out, ws_acc, ws_ml, SCALE: tl.constexpr, HQ: tl.constexpr,
                   HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr,
-                  BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                  BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr,
+                  UPCAST: tl.constexpr, PREC: tl.constexpr):
+    # Keyword constexprs: the kernel's tile parameters, by name. With DV_SPLIT > 1 and several splits
+    # each column slice writes its part of a partial and the same (m, l): identical values.
     if num_splits == 1:
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
-                           k_offset, v_offset, stride_frame, table_stride, 1, HQ, HKV, G, GP, D, PAGE, BLOCK_Q,
-                           BLOCK_N, False, 1, UPCAST, PREC)
+                           k_offset, v_offset, stride_frame, table_stride, 1, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D,
+                           PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=False, DV_SPLIT=DV_SPLIT,
+                           INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
     else:
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
-                           k_offset, v_offset, stride_frame, table_stride, num_splits, HQ, HKV, G, GP, D, PAGE,
-                           BLOCK_Q, BLOCK_N, True, 1, UPCAST, PREC)
+                           k_offset, v_offset, stride_frame, table_stride, num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP,
+                           D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=True, DV_SPLIT=DV_SPLIT,
+                           INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
 
 
 @triton.jit
@@ -146,10 +151,10 @@ def workspace_rows(*, num_q_heads: int, num_kv_heads: int, page_size: int, windo
     return max(b * num_q_heads * split_count(IntOps, b, b, max_width, **rule) for b in range(1, max_seqs + 1))
 
 
-def attention_grid(ops, tokens, seqs, num_splits, *, block_q: int, num_kv_heads: int) -> tuple:
-    """(x, y, z) of the attention launch, as on the CUDA path: query blocks x splits, sequences, KV
-    heads (T - B + 1 bounds any sequence's query count)."""
-    return ops.cdiv(tokens - seqs + 1, block_q) * num_splits, seqs, ops.const(num_kv_heads)
+def attention_grid(ops, tokens, seqs, num_splits, *, block_q: int, num_kv_heads: int, dv_split: int = 1) -> tuple:
+    """(x, y, z) of the attention launch, as on the CUDA path: query blocks x splits x output column
+    slices, sequences, KV heads (T - B + 1 bounds any sequence's query count)."""
+    return ops.cdiv(tokens - seqs + 1, block_q) * num_splits * dv_split, seqs, ops.const(num_kv_heads)
 
 
 def combine_grid(ops, tokens, num_splits, *, num_q_heads: int) -> tuple:
@@ -165,7 +170,7 @@ def attention_tiles(head_dim: int, dtype: str, group: int) -> dict:
     power of two) folded into the rows as the CUDA launcher does."""
     if dtype not in ELEM_BYTES:
         raise ValueError(f"no attention tiles for dtype {dtype!r}; known: {', '.join(ELEM_BYTES)}")
-    cfg = dict(default_config(head_dim, decode=False, elem_bytes=ELEM_BYTES[dtype]))
+    cfg = {"dv_split": 1, "interior": True, **default_config(head_dim, decode=False, elem_bytes=ELEM_BYTES[dtype])}
     gp = triton.next_power_of_2(group)
     cfg.update(group_pad=gp, block_q=max(1, cfg["rows"] // gp))
     return cfg
@@ -229,8 +234,8 @@ def compile_attention(dtype: str, *, num_q_heads: int, num_kv_heads: int, head_d
            "window_left": "i32", "k_offset": "i32", "v_offset": "i32", "stride_frame": "i32", "table_stride": "i32",
            "num_splits": "i32", "out": f"*{t}", "ws_acc": "*fp32", "ws_ml": "*fp32"}
     consts = dict(SCALE=float(scale), HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=tiles["group_pad"], D=head_dim,
-                  PAGE=page_size, BLOCK_Q=tiles["block_q"], BLOCK_N=tiles["block_n"], UPCAST=False,
-                  PREC="ieee" if dtype == "float32" else "tf32")
+                  PAGE=page_size, BLOCK_Q=tiles["block_q"], BLOCK_N=tiles["block_n"], DV_SPLIT=tiles["dv_split"],
+                  INTERIOR=tiles["interior"], UPCAST=False, PREC="ieee" if dtype == "float32" else "tf32")
     return _compile(attention_abi, sig, consts, target, num_warps=tiles["num_warps"],
                     num_stages=tiles["num_stages"]), tiles
 

@@ -177,7 +177,7 @@ def register_plugins() -> None:
         splits = K.split_count(K.TrtOps, tokens, seqs, width, num_kv_heads=num_kv_heads, page_size=page_size,
                                window_left=window_left, num_sms=num_sms, max_seqs=max_seqs, max_width=max_width)
         lp = _launch(c, K.attention_grid(K.TrtOps, tokens, seqs, splits, block_q=tiles["block_q"],
-                                         num_kv_heads=num_kv_heads))
+                                         num_kv_heads=num_kv_heads, dv_split=tiles["dv_split"]))
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in (
             window_left, k_offset, v_offset, arena.shape_expr[1], page_table.shape_expr[1], splits)])
         return c.name, c.ptx, lp, extra

@@ -61,29 +61,33 @@ def test_workspace_holds_every_decode():
     assert rows * 512 * 4 < 64 << 20  # the 31B's global layers: a few MB of fp32 partials
 
 
-@pytest.mark.parametrize("q_lens,kv_lens,splits,window_left", [
-    ([5, 1, 3], [5, 9, 12], 1, -1),  # prefill + decode + chunk: one split, the kernel writes the output
-    ([1, 1], [13, 7], 1, -1),
-    ([1, 1], [13, 7], 3, -1),  # split-K: partials, then the combine
-    ([1, 1], [13, 7], 3, 5),
+@pytest.mark.parametrize("q_lens,kv_lens,splits,window_left,tiles", [
+    ([5, 1, 3], [5, 9, 12], 1, -1, {}),  # prefill + decode + chunk: one split, the kernel writes the output
+    ([1, 1], [13, 7], 1, -1, {}),
+    ([1, 1], [13, 7], 3, -1, {}),  # split-K: partials, then the combine
+    ([1, 1], [13, 7], 3, 5, {"interior": False}),
+    ([5, 1, 3], [5, 9, 12], 1, 3, {"dv_split": 2}),  # output columns cut in two (the D=512 prefill tiles)
+    ([1, 1], [13, 7], 3, -1, {"dv_split": 2}),  # ... and split-K with it: one kernel serves both on TensorRT
 ])
-def test_abi_kernels_match_reference(q_lens, kv_lens, splits, window_left):
+def test_abi_kernels_match_reference(q_lens, kv_lens, splits, window_left, tiles):
     """The AOT wrappers with TensorRT's argument order, launched on the grids the plugins give
     TensorRT, under the interpreter: same output as the reference op."""
-    hq, hkv, d, page = 4, 2, 16, 4
+    hq, hkv, d, page = 4, 2, 32, 4
     b = make_paged_batch(q_lens, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=page,
                          window_left=window_left, seed=3, scale=0.25)
     want = paged_attention_ref(b.q, b.arena, b.cu_q, b.kv_lens, b.page_table, b.first_page, b.k_offset, b.v_offset,
                                page, hkv, window_left, 0.25)
     T, B = b.q.shape[0], len(kv_lens)
-    tiles = K.attention_tiles(d, "float32", hq // hkv)
+    tiles = {**K.attention_tiles(d, "float32", hq // hkv), **tiles}
     out = torch.full_like(b.q, float("nan"))
     ws_acc, ws_ml = torch.empty(T * hq * splits, d), torch.empty(T * hq * splits, 2)
-    grid = K.attention_grid(K.IntOps, T, B, splits, block_q=tiles["block_q"], num_kv_heads=hkv)
+    grid = K.attention_grid(K.IntOps, T, B, splits, block_q=tiles["block_q"], num_kv_heads=hkv,
+                            dv_split=tiles["dv_split"])
     K.attention_abi[grid](b.q, b.arena, b.cu_q, b.kv_lens, b.page_table, b.first_page, window_left, b.k_offset,
                           b.v_offset, b.arena.stride(0), b.page_table.stride(0), splits, out, ws_acc, ws_ml,
                           SCALE=0.25, HQ=hq, HKV=hkv, G=hq // hkv, GP=tiles["group_pad"], D=d, PAGE=page,
-                          BLOCK_Q=tiles["block_q"], BLOCK_N=tiles["block_n"], UPCAST=False, PREC="ieee")
+                          BLOCK_Q=tiles["block_q"], BLOCK_N=tiles["block_n"], DV_SPLIT=tiles["dv_split"],
+                          INTERIOR=tiles["interior"], UPCAST=False, PREC="ieee")
     K.combine_abi[K.combine_grid(K.IntOps, T, splits, num_q_heads=hq)](
         out, ws_acc, ws_ml, b.kv_lens, b.page_table, splits, out, D=d, BLOCK_S=K.MAX_SPLITS)
     assert (out - want).abs().max().item() < 1e-5
