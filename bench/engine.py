@@ -74,14 +74,37 @@ def kv_bytes_per_step(model, batch: int, context: int) -> int:
     return batch * per_seq
 
 
+def matmul_params(model) -> int:
+    """Weights that take part in a matmul per token: every matrix but the embedding lookups, plus the
+    tied embedding once as the lm_head."""
+    lookups = [model.embed_tokens.weight]
+    if getattr(model, "embed_tokens_per_layer", None) is not None:
+        lookups.append(model.embed_tokens_per_layer.weight)
+    matrices = sum(p.numel() for p in model.parameters() if p.dim() >= 2)
+    return matrices - sum(w.numel() for w in lookups) + model.embed_tokens.weight.numel()
+
+
+def attention_flops(model, query_positions) -> float:
+    """QK^T and PV FLOPs of queries at `query_positions` (each sees itself and what precedes it; a
+    sliding layer at most its window)."""
+    total = 0.0
+    for layer in model.layout.layers:
+        keys = sum(min(p + 1, layer.window) if layer.sliding else p + 1 for p in query_positions)
+        total += 4.0 * keys * layer.head_dim * layer.num_q_heads
+    return total
+
+
 def roofline(model, batch: int, context: int, ceil: dict) -> dict:
-    """The bytes a decode step must read, and the step time and total tok/s they allow at the copy
-    bandwidth; with the ceilings they were measured against."""
+    """What bounds a decode step of `batch` sequences at `context` positions: the bytes it must read
+    over the copy bandwidth (`roofline_*`) and its FLOPs over the bf16 matmul rate (`flop_floor_ms`,
+    which passes the byte time at large batches); with the ceilings they were measured against."""
     w, kv = weight_bytes_per_step(model, batch), kv_bytes_per_step(model, batch, context)
     ms = (w + kv) / (ceil["copy_GBps"] * 1e9) * 1e3
+    flops = 2.0 * matmul_params(model) * batch + batch * attention_flops(model, [context - 1])
     return {"weight_bytes": w, "kv_bytes": kv, "roofline_step_ms": round(ms, 3),
-            "roofline_tok_s_total": round(batch / ms * 1e3, 1), "copy_GBps": round(ceil["copy_GBps"], 1),
-            "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)}
+            "roofline_tok_s_total": round(batch / ms * 1e3, 1),
+            "flop_floor_ms": round(flops / (ceil["matmul_TFLOPs"] * 1e12) * 1e3, 3),
+            "copy_GBps": round(ceil["copy_GBps"], 1), "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)}
 
 
 def prompts_for(model, batch: int, prompt_len: int, seed: int) -> list[list[int]]:
@@ -281,20 +304,10 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
 
 
 def prefill_flops(model, prompt_len: int) -> float:
-    """FLOPs of one prompt's prefill: 2 per weight per token for every matmul weight (the lm_head for the
-    last row only; embedding lookups are free), plus attention's QK^T and PV over the keys each query
-    sees (causal; a sliding layer its window)."""
-    lookups = [model.embed_tokens.weight]
-    if getattr(model, "embed_tokens_per_layer", None) is not None:
-        lookups.append(model.embed_tokens_per_layer.weight)
-    norms = sum(p.numel() for p in model.parameters() if p.dim() < 2)
-    dense = sum(p.numel() for p in model.parameters()) - sum(w.numel() for w in lookups) - norms
-    attn = 0.0
-    for layer in model.layout.layers:
-        w = layer.window if layer.sliding else prompt_len
-        keys = sum(min(i + 1, w) for i in range(prompt_len))
-        attn += 4.0 * keys * layer.head_dim * layer.num_q_heads
-    return 2.0 * dense * prompt_len + 2.0 * model.embed_tokens.weight.numel() + attn
+    """FLOPs of one prompt's prefill: 2 per matmul weight per token (the lm_head for the last row only),
+    plus attention's over the keys each query sees."""
+    lm_head = model.embed_tokens.weight.numel()
+    return 2.0 * (matmul_params(model) - lm_head) * prompt_len + 2.0 * lm_head + attention_flops(model, range(prompt_len))
 
 
 @torch.inference_mode()
