@@ -11,7 +11,7 @@ Stages, each one JSON line in DIR/moe_bench.jsonl as it finishes (a run cut shor
   layer's router, at 1 and 2,048 tokens.
 * `moe_op`: the op alone on every layer in turn (as a step reads them, so no expert is still in L2),
   per layer: time, the bytes of the distinct experts chosen, GB/s against the copy bandwidth, and the
-  time of each of its kernels. `--tiles`: the same for candidate tiles (`TILES`) at 1 and 2,048 tokens.
+  time of each of its kernels. `--tiles`: the same for the candidate tiles of `TILES`.
 * `eager` / `inductor` per batch: greedy decode, tokens of inductor against eager; the roofline of a
   decode step at that batch: every non-expert weight once (the tied embedding whole, as the lm_head),
   the distinct experts the routers actually chose in the eager engine's decode steps (counted by
@@ -47,12 +47,13 @@ from .engine import (decode_profile, first_differences, hf_decode, hf_model_from
                      prompts_for, run_llm)
 
 EXPERT_WEIGHTS = ("experts.gate_up_proj", "experts.down_proj")
-# Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles.
+# Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles:
+# the decode tiles before export/results call 3, and 128-row prefill blocks.
 TILES = {
-    1: [dict(gate_up_n=16, down_n=16, down_k=128), dict(gate_up_n=64, gate_up_k=128, down_n=64),
-        dict(num_warps=2), dict(gate_up_k=512, down_k=128), dict(num_stages=2)],
-    2048: [dict(block_m=128, num_warps=8), dict(gate_up_n=128, num_warps=8),
-           dict(block_m=128, gate_up_n=128, down_n=256, num_warps=8), dict(num_stages=4)],
+    1: [dict(gate_up_n=32, gate_up_k=256, down_n=32)],
+    8: [dict(gate_up_n=32, gate_up_k=256, down_n=32)],
+    64: [dict(gate_up_n=32, gate_up_k=256, down_n=32)],
+    2048: [dict(block_m=128, num_warps=8)],
 }
 
 

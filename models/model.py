@@ -162,7 +162,8 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 
 @torch.library.custom_op("g4rt::route", mutates_args=())
 def _route_op(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    return route(logits, per_expert_scale, top_k)
+    from ..plugins import triton_moe
+    return triton_moe.route(logits, per_expert_scale, top_k)
 
 
 @_route_op.register_fake
@@ -174,10 +175,11 @@ def _(logits, per_expert_scale, top_k):
 class Router(nn.Module):
     """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale.
 
-    With the Triton kernels (CUDA) `route` runs as the opaque op `g4rt::route`, the same ATen kernels in
-    the eager and the compiled engine: Inductor would sum the softmax and the renormalisation in another
-    order, and a weight one fp32 ulp apart can flip a bf16 bit of the experts' sum. With the reference
-    (CPU, torch.export) it is plain torch, so the ONNX graph has Softmax and TopK."""
+    With the Triton kernels (CUDA) `route` runs as the opaque op `g4rt::route`, one kernel
+    (plugins/triton_moe.py) in the eager and the compiled engine alike: Inductor would sum the softmax and
+    the renormalisation in its own order, and a weight one fp32 ulp apart can flip a bf16 bit of the
+    experts' sum. With the reference (CPU, torch.export) it is plain torch, so the ONNX graph has Softmax
+    and TopK."""
 
     kernels = "reference"
 

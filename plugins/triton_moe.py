@@ -1,13 +1,16 @@
 """Triton mixture-of-experts (plugins/README.md `moe`): the chosen experts' gated-GELU MLPs, weighted
 and summed per token, reading each chosen expert's weights once per step and no other expert's.
 
-Four launches, all sized from shapes alone (no host sync, so they run inside CUDA graphs):
+Four stages, every launch sized from shapes alone (no host sync, so they run inside CUDA graphs):
 
-1. **align** (one program): counts the (token, slot) assignments of each expert, pads every count up to
-   a multiple of BLOCK_M, and lists the assignments grouped by expert in ascending id order
-   (`sorted_ids`), each expert's group starting on a block boundary. `ends[e]` (padded, cumulative)
-   and `counts[e]` tell a row block its expert and which of its rows are real. An expert no token
-   chose gets no block, so nothing ever reads its weights.
+1. **align**: counts the (token, slot) assignments of each expert, pads every count up to a multiple
+   of BLOCK_M, and lists the assignments grouped by expert in ascending id order (`sorted_ids`, in
+   assignment order inside a group), each group starting on a block boundary. `ends[e]` (padded,
+   cumulative) and `counts[e]` tell a row block its expert and which of its rows are real. An expert
+   no token chose gets no block, so nothing ever reads its weights. Up to ALIGN_CHUNK assignments
+   (decode) one program does it all; more (prefill, batch 64) take three launches: per-chunk counts
+   (grid chunks), one program turning them into each chunk's first row per expert, and the scatter
+   (grid chunks). A single program over 16k assignments took 1 ms per layer on the H200.
 2. **gate_up**: grid (row blocks, I tiles). A block's rows are its expert's tokens; it multiplies
    them by that expert's gate and up rows, then forms gelu_tanh(gate) * up into `act`.
 3. **down**: grid (row blocks, H tiles): act @ down[e].T, times the assignment's top-k weight.
@@ -42,36 +45,82 @@ from .reference import moe_shapes
 from .triton_attention import interpreting
 from .triton_norm import gelu_tanh_rounded
 
-_ALIGN_CHUNK = 64
+ALIGN_CHUNK = 128  # assignments one align program sorts at once
 
 
 @triton.jit
-def _moe_align_kernel(idx_ptr, counts_ptr, ends_ptr, sorted_ptr, N, E: tl.constexpr, NB: tl.constexpr,
-                  BLOCK_M: tl.constexpr, C: tl.constexpr):
-    # NB > E: bin E collects the masked lanes of the last chunk.
+def _chunk_experts(idx_ptr, start, N, C: tl.constexpr):
+    """Assignments start .. start + C - 1: their ids, which of them exist, their experts (0 where none)."""
+    i = start + tl.arange(0, C)
+    ok = i < N
+    return i, ok, tl.load(idx_ptr + i, mask=ok, other=0).to(tl.int32)
+
+
+@triton.jit
+def _chunk_counts(e, ok, NB: tl.constexpr):
+    """Assignments per expert in one chunk (lanes past N, loaded as expert 0, taken back off)."""
+    missing = tl.sum((ok == 0).to(tl.int32), axis=0)
+    return tl.histogram(e, NB) - tl.where(tl.arange(0, NB) == 0, missing, 0)
+
+
+@triton.jit
+def _group_starts(counts, counts_ptr, ends_ptr, E: tl.constexpr, NB: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Store the counts and the padded cumulative ends; return each expert's first row."""
     bins = tl.arange(0, NB)
-    counts = tl.zeros([NB], dtype=tl.int32)
-    for start in range(0, N, C):
-        i = start + tl.arange(0, C)
-        e = tl.load(idx_ptr + i, mask=i < N, other=E).to(tl.int32)
-        counts += tl.histogram(e, NB)
-    counts = tl.where(bins < E, counts, 0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     tl.store(counts_ptr + bins, counts, mask=bins < E)
     tl.store(ends_ptr + bins, ends, mask=bins < E)
-    cursor = ends - padded  # next free row of each expert's group
+    return ends - padded
+
+
+@triton.jit
+def _scatter_chunk(sorted_ptr, i, ok, e, first, NB: tl.constexpr, C: tl.constexpr):
+    """Write each assignment of a chunk to its row: first[e] (the chunk's first row of its expert, a
+    [NB] vector) plus how many earlier assignments of the chunk chose the same expert."""
     r = tl.arange(0, C)
-    for start in range(0, N, C):
-        i = start + r
-        ok = i < N
-        e = tl.load(idx_ptr + i, mask=ok, other=E).to(tl.int32)
-        onehot = e[:, None] == bins[None, :]  # [C, NB]
-        base = tl.sum(tl.where(onehot, cursor[None, :], 0), axis=1)
-        earlier = (e[None, :] == e[:, None]) & (r[None, :] < r[:, None])  # [C, C]: same expert, before i
-        rank = tl.sum(earlier.to(tl.int32), axis=1)
-        tl.store(sorted_ptr + base + rank, i, mask=ok)
-        cursor += tl.sum(onehot.to(tl.int32), axis=0)
+    at = tl.sum(tl.where(e[:, None] == tl.arange(0, NB)[None, :], first[None, :], 0), axis=1)
+    earlier = (e[None, :] == e[:, None]) & (r[None, :] < r[:, None])
+    tl.store(sorted_ptr + at + tl.sum(earlier.to(tl.int32), axis=1), i, mask=ok)
+
+
+@triton.jit
+def _moe_align_kernel(idx_ptr, counts_ptr, ends_ptr, sorted_ptr, N, E: tl.constexpr, NB: tl.constexpr,
+                      BLOCK_M: tl.constexpr, C: tl.constexpr):
+    # All N <= C assignments in one program: count, place the groups, scatter.
+    i, ok, e = _chunk_experts(idx_ptr, 0, N, C)
+    first = _group_starts(_chunk_counts(e, ok, NB), counts_ptr, ends_ptr, E, NB, BLOCK_M)
+    _scatter_chunk(sorted_ptr, i, ok, e, first, NB, C)
+
+
+@triton.jit
+def _moe_count_kernel(idx_ptr, chunk_ptr, N, NB: tl.constexpr, C: tl.constexpr):
+    c = tl.program_id(0)
+    i, ok, e = _chunk_experts(idx_ptr, c * C, N, C)
+    tl.store(chunk_ptr + c * NB + tl.arange(0, NB), _chunk_counts(e, ok, NB))
+
+
+@triton.jit
+def _moe_prefix_kernel(chunk_ptr, counts_ptr, ends_ptr, n_chunks, E: tl.constexpr, NB: tl.constexpr,
+                       BLOCK_M: tl.constexpr):
+    # One program: the counts over all chunks, then each chunk's row of counts becomes its first row
+    # per expert (the expert's start plus the assignments of earlier chunks).
+    bins = tl.arange(0, NB)
+    total = tl.zeros([NB], dtype=tl.int32)
+    for c in range(n_chunks):
+        total += tl.load(chunk_ptr + c * NB + bins)
+    first = _group_starts(total, counts_ptr, ends_ptr, E, NB, BLOCK_M)
+    for c in range(n_chunks):
+        row = tl.load(chunk_ptr + c * NB + bins)
+        tl.store(chunk_ptr + c * NB + bins, first)
+        first += row
+
+
+@triton.jit
+def _moe_scatter_kernel(idx_ptr, chunk_ptr, sorted_ptr, N, NB: tl.constexpr, C: tl.constexpr):
+    c = tl.program_id(0)
+    i, ok, e = _chunk_experts(idx_ptr, c * C, N, C)
+    _scatter_chunk(sorted_ptr, i, ok, e, tl.load(chunk_ptr + c * NB + tl.arange(0, NB)), NB, C)
 
 
 @triton.jit
@@ -92,8 +141,8 @@ def _block_rows(counts_ptr, ends_ptr, sorted_ptr, E: tl.constexpr, EP: tl.conste
 
 @triton.jit
 def _moe_gate_up_kernel(x_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, act_ptr, H, I,
-                    TOPK: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
-                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                        TOPK: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     e, rows, real, ids = _block_rows(counts_ptr, ends_ptr, sorted_ptr, E, EP, BLOCK_M)
     if e >= E:
         return
@@ -124,8 +173,8 @@ def _moe_gate_up_kernel(x_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, act_ptr,
 
 @triton.jit
 def _moe_down_kernel(act_ptr, w_ptr, counts_ptr, ends_ptr, sorted_ptr, idx_ptr, topw_ptr, y_ptr, H, I,
-                 TOPK: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                     TOPK: tl.constexpr, KP: tl.constexpr, E: tl.constexpr, EP: tl.constexpr, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     e, rows, real, ids = _block_rows(counts_ptr, ends_ptr, sorted_ptr, E, EP, BLOCK_M)
     if e >= E:
         return
@@ -166,7 +215,47 @@ def _moe_sum_kernel(y_ptr, out_ptr, H, TOPK: tl.constexpr, BLOCK: tl.constexpr):
     tl.store(out_ptr + t * H + c, acc.to(dtype), mask=ok)
 
 
-DECODE = dict(block_m=16, gate_up_n=32, gate_up_k=256, down_n=32, down_k=64, num_warps=4, num_stages=4)
+@triton.jit
+def _moe_route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, T, E: tl.constexpr, EP: tl.constexpr, K: tl.constexpr,
+                      KP: tl.constexpr, ROWS: tl.constexpr):
+    t = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    t_ok = t < T
+    e = tl.arange(0, EP)
+    logits = tl.load(logits_ptr + t.to(tl.int64)[:, None] * E + e[None, :], mask=t_ok[:, None] & (e < E)[None, :],
+                     other=float("-inf")).to(tl.float32)
+    p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    p = p / tl.sum(p, axis=1)[:, None]
+    s = tl.arange(0, KP)
+    w = tl.zeros([ROWS, KP], dtype=tl.float32)
+    chosen = tl.zeros([ROWS, KP], dtype=tl.int32)
+    for j in tl.static_range(K):  # the K largest, in descending order (the lowest id among equals first)
+        best = tl.max(p, axis=1)
+        pick = tl.min(tl.where(p == best[:, None], e[None, :], EP), axis=1)
+        w = tl.where(s[None, :] == j, best[:, None], w)
+        chosen = tl.where(s[None, :] == j, pick[:, None], chosen)
+        p = tl.where(e[None, :] == pick[:, None], -1.0, p)
+    ok = t_ok[:, None] & (s < K)[None, :]
+    w = w / tl.sum(w, axis=1)[:, None] * tl.load(scale_ptr + chosen, mask=ok, other=0.0).to(tl.float32)
+    out = t.to(tl.int64)[:, None] * K + s[None, :]
+    tl.store(w_ptr + out, w, mask=ok)
+    tl.store(idx_ptr + out, chosen.to(tl.int64), mask=ok)
+
+
+def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The model's routing (models.model.route: fp32 softmax over all experts, top-k, renormalise, times
+    per_expert_scale) in one launch, where ATen takes about eight; (w fp32 [T, k], idx int64 [T, k])."""
+    T, E = logits.shape
+    logits = logits.contiguous()
+    w = torch.empty(T, top_k, dtype=torch.float32, device=logits.device)
+    idx = torch.empty(T, top_k, dtype=torch.int64, device=logits.device)
+    if T:
+        rows = 4
+        _moe_route_kernel[(triton.cdiv(T, rows),)](logits, per_expert_scale, w, idx, T, E=E, EP=triton.next_power_of_2(E),
+                                                   K=top_k, KP=triton.next_power_of_2(top_k), ROWS=rows, num_warps=4)
+    return w, idx
+
+
+DECODE = dict(block_m=16, gate_up_n=64, gate_up_k=128, down_n=64, down_k=64, num_warps=4, num_stages=4)
 PREFILL = dict(block_m=64, gate_up_n=64, gate_up_k=64, down_n=128, down_k=64, num_warps=4, num_stages=3)
 # Assignments per expert (bucketed) from which the prefill tiles win: 64-row blocks stop being mostly padding.
 PREFILL_FROM = 32
@@ -185,9 +274,31 @@ def max_blocks(assignments: int, num_experts: int, block_m: int) -> int:
     return m + (assignments - m) // block_m
 
 
+def align(idx: torch.Tensor, num_experts: int, block_m: int, poison: bool = False):
+    """(counts [E], ends [E], sorted_ids [max_blocks * block_m]) of the align stage (module docstring) for
+    the expert ids `idx` [T, k]. Rows of sorted_ids past their group's count are left unwritten
+    (`poison`: filled with -1 first, for tests)."""
+    n_assign, E, dev = idx.numel(), num_experts, idx.device
+    counts = torch.empty(E, dtype=torch.int32, device=dev)
+    ends = torch.empty(E, dtype=torch.int32, device=dev)
+    sorted_ids = torch.empty(max_blocks(n_assign, E, block_m) * block_m, dtype=torch.int32, device=dev)
+    if poison:
+        sorted_ids.fill_(-1)
+    nb, chunks = triton.next_power_of_2(E), triton.cdiv(n_assign, ALIGN_CHUNK)
+    if chunks == 1:
+        _moe_align_kernel[(1,)](idx, counts, ends, sorted_ids, n_assign, E=E, NB=nb, BLOCK_M=block_m,
+                                C=triton.next_power_of_2(n_assign), num_warps=4)
+    else:
+        per_chunk = torch.empty(chunks, nb, dtype=torch.int32, device=dev)
+        _moe_count_kernel[(chunks,)](idx, per_chunk, n_assign, NB=nb, C=ALIGN_CHUNK, num_warps=4)
+        _moe_prefix_kernel[(1,)](per_chunk, counts, ends, chunks, E=E, NB=nb, BLOCK_M=block_m, num_warps=4)
+        _moe_scatter_kernel[(chunks,)](idx, per_chunk, sorted_ids, n_assign, NB=nb, C=ALIGN_CHUNK, num_warps=4)
+    return counts, ends, sorted_ids
+
+
 def moe(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, *,
         out: torch.Tensor | None = None, config: dict | None = None, poison_scratch: bool = False) -> torch.Tensor:
-    """Launch the four kernels; same arguments as the op. Every launch parameter comes from shapes.
+    """Run the four stages; same arguments as the op. Every launch parameter comes from shapes.
 
     Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned), `config`
     (tile overrides, see default_config), `poison_scratch` (fill the intermediates with NaN, so a read of
@@ -205,21 +316,15 @@ def moe(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tens
         return out
     cfg = {**default_config(T, K, E), **(config or {})}
     bm = cfg["block_m"]
-    n_assign = T * K
-    blocks = max_blocks(n_assign, E, bm)
-    dev = x.device
-    counts = torch.empty(E, dtype=torch.int32, device=dev)
-    ends = torch.empty(E, dtype=torch.int32, device=dev)
-    sorted_ids = torch.empty(blocks * bm, dtype=torch.int32, device=dev)
+    counts, ends, sorted_ids = align(idx, E, bm, poison_scratch)
+    blocks = sorted_ids.shape[0] // bm
     act = x.new_empty(blocks * bm, I)
     y = x.new_empty(T, K, H)
     if poison_scratch:
-        for t, bad in ((act, float("nan")), (y, float("nan")), (sorted_ids, -1)):
-            t.fill_(bad)
+        for t in (act, y):
+            t.fill_(float("nan"))
     upcast = interpreting()
     prec = "ieee" if x.dtype == torch.float32 else "tf32"
-    _moe_align_kernel[(1,)](idx, counts, ends, sorted_ids, n_assign, E=E, NB=triton.next_power_of_2(E + 1), BLOCK_M=bm,
-                        C=min(_ALIGN_CHUNK, triton.next_power_of_2(n_assign)), num_warps=8)
     ep = triton.next_power_of_2(E)
     common = dict(E=E, EP=ep, BLOCK_M=bm, UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"],
                   num_stages=cfg["num_stages"])
