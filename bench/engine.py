@@ -63,6 +63,19 @@ def weight_bytes_per_step(model, batch: int = 1) -> int:
     return total
 
 
+def expert_bytes(model) -> int:
+    """Bytes of one expert of one layer of a mixture-of-experts model: its gate/up rows and its down."""
+    cfg = model.config
+    return 3 * cfg.moe_intermediate_size * cfg.hidden_size * model.dtype.itemsize
+
+
+def active_weight_bytes(model, distinct: list[float], batch: int = 1) -> int:
+    """A mixture-of-experts decode step's weight bytes: `weight_bytes_per_step`, but of layer i's experts
+    only the `distinct[i]` its router chose at that batch (bench/moe.py counts them), not all E."""
+    unread = sum(model.config.num_experts - d for d in distinct)
+    return weight_bytes_per_step(model, batch) - round(unread * expert_bytes(model))
+
+
 def kv_bytes_per_step(model, batch: int, context: int) -> int:
     """KV bytes a decode step reads at `context` positions: every attending layer reads its cache (a
     KV-shared layer its source's, again), a sliding layer only its window."""

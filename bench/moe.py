@@ -43,10 +43,9 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from .common import ceilings, log_json, sync, time_ms
-from .engine import (decode_profile, first_differences, hf_decode, hf_model_from, kernel_kinds, kv_bytes_per_step,
-                     prompts_for, run_llm)
+from .engine import (active_weight_bytes, decode_profile, expert_bytes, first_differences, hf_decode, hf_model_from,
+                     kernel_kinds, kv_bytes_per_step, prompts_for, run_llm)
 
-EXPERT_WEIGHTS = ("experts.gate_up_proj", "experts.down_proj")
 # Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles:
 # the decode tiles before export/results call 3, and 128-row prefill blocks.
 TILES = {
@@ -57,22 +56,9 @@ TILES = {
 }
 
 
-def expert_bytes(model) -> int:
-    """Bytes of one expert of one layer: its gate/up rows and its down projection."""
-    cfg, item = model.config, model.dtype.itemsize
-    return 3 * cfg.moe_intermediate_size * cfg.hidden_size * item
-
-
-def active_weight_bytes(model, distinct: list[float]) -> int:
-    """Weight bytes a decode step reads when layer i's routers chose `distinct[i]` different experts:
-    every other parameter once (the tied embedding whole, as the lm_head), plus those experts."""
-    rest = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if not n.endswith(EXPERT_WEIGHTS))
-    return rest + round(sum(distinct) * expert_bytes(model))
-
-
 def moe_roofline(model, batch: int, context: int, distinct: list[float], ceil: dict) -> dict:
     """The active-weight roofline of a decode step of `batch` sequences at `context` positions."""
-    w, kv = active_weight_bytes(model, distinct), kv_bytes_per_step(model, batch, context)
+    w, kv = active_weight_bytes(model, distinct, batch), kv_bytes_per_step(model, batch, context)
     ms = (w + kv) / (ceil["copy_GBps"] * 1e9) * 1e3
     return {"active_weight_bytes": w, "kv_bytes": kv, "distinct_experts_per_layer": round(statistics.mean(distinct), 2),
             "roofline_step_ms": round(ms, 3), "roofline_tok_s_total": round(batch / ms * 1e3, 1)}
