@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from g4rt.models.checkpoint import random_model
-from g4rt.models.config import load_config
+from g4rt.models.parallel import ParallelGemma4Model
 from g4rt.runtime.admission import promise_for
 from g4rt.runtime.arena import Arena
 from g4rt.runtime.engines.eager import EagerEngine
@@ -40,16 +40,15 @@ RESULTS = "parallel_bench.jsonl"
 
 
 def open_arm(spec: RankSpec):
-    """(engine, the model rank 0 runs) for one arm: the plain engine at TP1, else ParallelEngine."""
+    """One arm's engine: the plain one-GPU engine at TP1, else ParallelEngine."""
     if spec.tensor_parallel > 1:
-        engine = ParallelEngine(spec)
-        return engine, engine.inner.model
+        return ParallelEngine(spec)
     model = random_model(spec.config(), spec.weights_dtype(), spec.rank_device(0), SEED, init=INIT)
     geometry = spec.geometry()
     if spec.backend == "inductor":
         from g4rt.runtime.engines.inductor import InductorEngine
-        return InductorEngine(model, geometry, spec.num_frames, spec.compile_mode, spec.compile_scope), model
-    return EagerEngine(model, geometry, Arena.for_geometry(geometry, spec.num_frames, spec.rank_device(0))), model
+        return InductorEngine(model, geometry, spec.num_frames, spec.compile_mode, spec.compile_scope)
+    return EagerEngine(model, geometry, Arena.for_geometry(geometry, spec.num_frames, spec.rank_device(0)))
 
 
 def tp1_tokens(path: Path, key: dict) -> list | None:
@@ -94,7 +93,9 @@ def main(argv=None) -> None:
     frames = max(batches) * promise_for(geometry, a.prompt_len, a.new_tokens, chunk).frames
     spec = RankSpec(a.config, a.tensor_parallel, frames, dtype=a.dtype, device=a.device, backend=a.backend,
                     random_seed=SEED, init=INIT)
-    engine, model = open_arm(spec)
+    # The shapes one rank holds (on the meta device): what the roofline counts.
+    model = ParallelGemma4Model(spec.config(), spec.tensor_parallel, 0, dtype=spec.weights_dtype(), device="meta")
+    engine = open_arm(spec)
     scheduler = SchedulerConfig(max_num_batched_tokens=max(chunk, max(batches)), chunk=chunk,
                                 max_num_seqs=max(batches))
     try:
