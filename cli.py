@@ -454,7 +454,7 @@ def _export_commands(sub) -> None:
     b.add_argument("--ort-providers", nargs="+", default=None, metavar="PROVIDER",
                    help="onnxruntime: execution providers recorded in the manifest (default: CUDAExecutionProvider "
                         "then CPU when onnxruntime-gpu is installed, else CPUExecutionProvider)")
-    _limits_args(b)
+    _limits_args(b.add_argument_group("tensorrt: the optimization profile (the scheduler limits the engine serves)"))
     b.set_defaults(func=cmd_build)
     _trt_commands(sub)
 
@@ -464,7 +464,7 @@ def _export_commands(sub) -> None:
 TRT_ARENA_GIB = 64.0  # default arena bound of a build: what an H200 keeps for KV next to the 31B's bf16 weights
 
 
-def _limits_args(p: argparse.ArgumentParser) -> None:
+def _limits_args(p) -> None:
     """The scheduler limits a compiled engine is built for (its TensorRT optimization profile)."""
     from g4rt.runtime.scheduler import SchedulerConfig
     d = SchedulerConfig()
@@ -634,7 +634,7 @@ def _trt_commands(sub) -> None:
                     "missing), export with golden steps, build the plan with progress, fail if it copies the KV "
                     "arena, run the polygraphy check, and compare a short greedy generation with the eager engine.")
     _export_common(t)
-    _limits_args(t)
+    _limits_args(t.add_argument_group("the optimization profile (the scheduler limits the engine serves)"))
     t.add_argument("--new-tokens", type=_positive("--new-tokens"), default=8)
     t.set_defaults(func=cmd_trt_engine)
 
