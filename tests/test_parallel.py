@@ -255,3 +255,14 @@ def test_cli_generate_tensor_parallel_2(checkpoints, capsys):
     assert [o["token_ids"] for o in runs[1]["outputs"]] == [o["token_ids"] for o in runs[0]["outputs"]]
     assert runs[1]["engine"] == "eager over 2 ranks"
     assert not _our_processes()
+
+
+@pytest.mark.slow
+def test_tp2_compiled_engine_equals_tp1(checkpoints, report):
+    """The inductor engine per rank (CPU: compiled layer pieces holding the functional all-reduces, no
+    CUDA graphs) against TP1's eager engine."""
+    path = checkpoints["31b"]
+    ref = _generate(load_model(path, dtype="float32"), tiny_config("31b").eos_token_ids, 4)
+    with ParallelEngine(_spec(path, backend="inductor")) as engine:
+        out = _generate(engine, engine.config.eos_token_ids, 4)
+    _assert_same(ref, out, report, "tiny 31b TP2 inductor engine (gloo, 2 processes)")
