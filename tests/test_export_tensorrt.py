@@ -108,8 +108,8 @@ def test_kv_write_abi_matches_reference():
 
 
 def test_tiles_follow_the_dtype():
-    """fp32 builds get the CUDA path's halved tiles (the bug: a fixed 2-byte choice asked an fp32 D=512
-    kernel for 295 KB of shared memory, more than an H200 has)."""
+    """fp32 builds get the CUDA path's halved tiles: the 2-byte tiles at fp32 and D=512 would ask for
+    295 KB of shared memory, more than an H200 has."""
     for d in (256, 512):
         half, full = K.attention_tiles(d, "bfloat16", 8), K.attention_tiles(d, "float32", 8)
         assert full["block_n"] == default_config(d, False, 4)["block_n"] < half["block_n"]
