@@ -255,3 +255,18 @@ def test_tensorrt_graph_splits_attention_and_refuses_unknown_ops(exported, tmp_p
     onnx.save(original, str(dst / MODEL_FILE))
     with pytest.raises(TrtBuildError, match="G4Unplugged"):
         tensorrt_graph(dst, manifest, num_sms=132)
+
+
+@pytest.mark.slow
+def test_bf16_export_writes_bf16_goldens(tmp_path):
+    """The TensorRT build's default dtype: the golden arenas stay bfloat16 (torch tensors in
+    polygraphy's JSON, which numpy cannot hold) and the logits float32, as the plan's I/O."""
+    from polygraphy.comparator import RunResults
+    from polygraphy.json import load_json
+    ckpt = write_random_checkpoint(tiny_config("31b"), tmp_path / "ckpt", seed=7, dtype="float32")
+    export_onnx(ckpt, tmp_path / "bf16", dtype="bfloat16", page_tokens=PAGE)
+    feeds = load_json(str(tmp_path / "bf16" / INPUTS_FILE))
+    (_, iters), = RunResults.load(str(tmp_path / "bf16" / OUTPUTS_FILE)).items()
+    assert all(f["arena"].dtype == torch.bfloat16 for f in feeds)
+    assert all(i["arena_out"].dtype == torch.bfloat16 and str(i["logits"].dtype) == "float32" for i in iters)
+    assert torch.equal(feeds[1]["arena"], iters[0]["arena_out"])  # each step starts from the last one's arena
