@@ -53,6 +53,55 @@ def test_split_rule_is_the_cuda_paths(num_kv_heads, page, window_left):
             [pow2_bucket(x) for x in range(1, x_max + 1)]
 
 
+class _Expr:
+    """A stand-in for tensorrt.plugin.ShapeExpr with exactly its operator surface (read in
+    tensorrt/plugin/_tensor.py): + - * // == < with the expression on the left, no reflected
+    operators, no truth value; carries the value it would evaluate to."""
+
+    def __init__(self, v: int):
+        self.v = v
+
+    def _op(self, other, f):
+        return _Expr(int(f(self.v, other.v if isinstance(other, _Expr) else other)))
+
+    __add__ = lambda self, o: self._op(o, lambda a, b: a + b)  # noqa: E731
+    __sub__ = lambda self, o: self._op(o, lambda a, b: a - b)  # noqa: E731
+    __mul__ = lambda self, o: self._op(o, lambda a, b: a * b)  # noqa: E731
+    __floordiv__ = lambda self, o: self._op(o, lambda a, b: a // b)  # noqa: E731
+    __eq__ = lambda self, o: self._op(o, lambda a, b: a == b)  # noqa: E731
+    __lt__ = lambda self, o: self._op(o, lambda a, b: a < b)  # noqa: E731
+
+    def __bool__(self):
+        raise RuntimeError("a symbolic expression has no truth value")
+
+
+def _top(f):
+    def op(a, b):  # tensorrt.plugin.cdiv/max/min: at least one operand must be an expression
+        if isinstance(a, int) and isinstance(b, int):
+            raise ValueError("Both arguments cannot be 'int's")
+        return (a if isinstance(a, _Expr) else _Expr(a))._op(b, f)
+    return op
+
+
+def test_launch_expressions_use_only_tensorrt_operations(monkeypatch):
+    """TrtOps builds the split count and the grids with what tensorrt.plugin expressions support
+    (an int on the left of an operator, or a branch on an expression, would fail inside aot_impl)."""
+    import types
+    plugin = types.SimpleNamespace(ShapeExpr=_Expr, cdiv=_top(lambda a, b: -(-a // b)), max=_top(max),
+                                   min=_top(min))
+    monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(plugin=plugin))
+    monkeypatch.setitem(sys.modules, "tensorrt.plugin", plugin)
+    rule = dict(num_kv_heads=4, page_size=48, window_left=1023, num_sms=132, max_seqs=256, max_width=6000)
+    for t, b, w in [(1, 1, 1), (3, 3, 40), (64, 64, 6000), (300, 8, 77), (256, 256, 5)]:
+        splits = K.split_count(K.TrtOps, _Expr(t), _Expr(b), _Expr(w), **rule)
+        assert splits.v == K.split_count(K.IntOps, t, b, w, **rule)
+        grid = K.attention_grid(K.TrtOps, _Expr(t), _Expr(b), splits, block_q=8, num_kv_heads=4, dv_split=2)
+        assert [g.v for g in grid] == list(K.attention_grid(K.IntOps, t, b, splits.v, block_q=8, num_kv_heads=4,
+                                                            dv_split=2))
+        (x,) = K.combine_grid(K.TrtOps, _Expr(t), splits, num_q_heads=32)
+        assert x.v == K.combine_grid(K.IntOps, t, splits.v, num_q_heads=32)[0]
+
+
 def test_workspace_holds_every_decode():
     rule = dict(num_kv_heads=4, page_size=48, window_left=-1, num_sms=132, max_seqs=256, max_width=6000)
     rows = K.workspace_rows(num_q_heads=32, **rule)
