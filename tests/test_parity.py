@@ -108,3 +108,26 @@ def test_bad_settings_are_refused(tmp_path):
         main(["--out", str(tmp_path), "--engines", "eager,onnx"])
     with pytest.raises(ValueError, match="--kernels"):
         main(["--out", str(tmp_path), "--kernels", "cuda"])
+
+
+@pytest.mark.slow
+def test_command_exit_status(tmp_path):
+    """The command itself: two sizes, one fresh process each, pass (exit 0); one size with the window
+    off by one fails (exit 1). Each run appends its records to DIR/parity.jsonl."""
+    import json
+
+    from g4rt.models.checkpoint import hf_config_dict
+
+    dirs = []
+    for v in ("e4b", "26b"):
+        d = tmp_path / v
+        d.mkdir()
+        (d / "config.json").write_text(json.dumps(hf_config_dict(tiny_config(v), "float32")))
+        dirs.append(str(d))
+    common = ["--device", "cpu", "--engines", "eager", "--kernels", "reference", "--decode", "4", "--extra", "10",
+              "--chunk", "16"]
+    assert main(["--out", str(tmp_path / "ok"), "--sizes", ",".join(dirs), *common]) == 0
+    assert main(["--out", str(tmp_path / "broken"), "--sizes", dirs[0], "--break-window", *common]) == 1
+    records = [json.loads(line) for line in (tmp_path / "ok" / "parity.jsonl").read_text().splitlines()]
+    assert records[-1] == {"stage": "summary", "exit_codes": dict.fromkeys(dirs, 0), "pass": True}
+    assert sum(r.get("stage") == "arm" and r["pass"] for r in records) == 2
