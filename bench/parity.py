@@ -5,7 +5,7 @@
                                 [--break-window]
 
 Per size, one process builds the model once with seeded random float32 weights on the GPU
-(`random_model(init="deep")`, the non-chaotic init: DESIGN.md, "Random weights"), then:
+(`random_model(init="deep")`, the non-chaotic init: DESIGN.md, "Random weights: two inits"), then:
 
 1. each arm (engine x kernels) runs one request through the runtime: a prompt of 2W + `--extra`
    tokens (W the sliding window, so every sliding layer drops keys), chunked prefill, then `--decode`
