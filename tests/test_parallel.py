@@ -3,6 +3,7 @@ TP=2 over gloo on CPU against TP=1 for the four tiny variants, and ranks that fa
 from __future__ import annotations
 
 import json
+import os
 import multiprocessing
 import time
 
@@ -16,6 +17,7 @@ from g4rt.models import parallel
 from g4rt.models.checkpoint import load_model, random_model, write_random_checkpoint
 from g4rt.models.config import load_config
 from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.plugins.ops import HAVE_TRITON
 from g4rt.models.parallel import (ParallelError, ParallelGemma4Model, check_tensor_parallel, load_rank_model,
                                   random_rank_model, rank_config, shard_plan, take_shard)
 from g4rt.runtime.engines.parallel import ParallelEngine, RankSpec
@@ -266,3 +268,24 @@ def test_tp2_compiled_engine_equals_tp1(checkpoints, report):
     with ParallelEngine(_spec(path, backend="inductor")) as engine:
         out = _generate(engine, engine.config.eos_token_ids, 4)
     _assert_same(ref, out, report, "tiny 31b TP2 inductor engine (gloo, 2 processes)")
+
+
+@pytest.mark.slow
+def test_tp2_triton_kernels_equal_tp1(checkpoints, report):
+    """The Triton kernels (interpreted) on a rank's shapes: local heads, the MoE sliced to 16 columns."""
+    if os.environ.get("TRITON_INTERPRET") != "1" or not HAVE_TRITON:
+        pytest.skip("needs triton and TRITON_INTERPRET=1 before triton is imported (make test sets it)")
+    path = checkpoints["26b"]
+    ref = _generate(load_model(path, dtype="float32", kernels="triton"), tiny_config("26b").eos_token_ids, 4)
+    with ParallelEngine(_spec(path, kernels="triton")) as engine:
+        out = _generate(engine, engine.config.eos_token_ids, 4)
+    _assert_same(ref, out, report, "tiny 26b TP2 Triton kernels (interpreter, gloo, 2 processes)")
+
+
+def test_cli_refuses_a_split_the_model_does_not_have(checkpoints):
+    from g4rt.cli import main
+    with pytest.raises(SystemExit, match="tensor-parallel 8: .*num_attention_heads = 4"):
+        main(["generate", "--model", str(checkpoints["31b"]), "--token-ids", "2,5", "--tensor-parallel", "8"])
+    with pytest.raises(SystemExit, match="--reference runs on one device"):
+        main(["generate", "--model", str(checkpoints["31b"]), "--token-ids", "2,5", "--tensor-parallel", "2",
+              "--reference"])
