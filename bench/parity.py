@@ -7,11 +7,12 @@
 Per size, one process builds the model once with seeded random float32 weights on the GPU
 (`random_model(init="deep")`, the non-chaotic init: DESIGN.md, "Random weights: two inits"), then:
 
-1. each arm (engine x kernels) runs one request through the runtime: a prompt of 2W + `--extra`
-   tokens (W the sliding window, so every sliding layer drops keys), chunked prefill, then `--decode`
-   decode steps. The first arm decodes greedily and fixes the continuation; the others are fed the
-   same tokens (teacher forcing), so every arm's logits rows (the prompt's last position and one per
-   decode step) are computed from the same tokens;
+1. each arm (engine x kernels) runs one request through the runtime, decoding greedily: a prompt of
+   2W + `--extra` tokens (W the sliding window, so every sliding layer drops keys), chunked prefill,
+   then `--decode` decode steps; its logits rows are the prompt's last position and one per decode
+   step. The first arm's tokens are the continuation the references follow; an arm whose tokens leave
+   it fails, and only its rows up to that token are compared (later ones saw other inputs). The
+   inductor engine with reference kernels runs without decode CUDA graphs (`CompiledSteps`);
 2. Hugging Face `Gemma4ForCausalLM` (sdpa attention, its eager experts loop) holding the very same
    tensors runs one forward over prompt + continuation in float32;
 3. the oracle: the same HF model in float64 (`float64_streamed`: each module gets float64 copies of its
@@ -21,8 +22,11 @@ Per size, one process builds the model once with seeded random float32 weights o
 
 Errors are max |logits - oracle| / max |oracle| over the compared rows. An arm passes when its error
 is at most `--factor` times HF-fp32's own error, measured in the same run: rounding alone then explains
-it. Greedy tokens: an arm's argmax on every row equals HF fp32's, and HF fp32's argmax is the
-continuation itself, means HF fp32 decoding greedily would have produced exactly our tokens.
+it. `tokens_equal_hf32_greedy`: the arm's tokens are the continuation and so is HF fp32's argmax on
+every row, so HF fp32 decoding greedily would have produced exactly our tokens.
+
+With several sizes, each runs in a fresh process (the same command with one `--sizes`): nothing one
+size leaves on the GPU can crowd the next.
 
 `--break-window` runs our engines with the sliding window W-1 (what an off-by-one window mask in
 a kernel computes) against the true model: the command must then fail. Each record is appended to
