@@ -8,6 +8,10 @@ every gap between token deliveries), time per output token (TPOT, (E2E - TTFT) /
 end-to-end latency at p50 / p90 / p99, request and token throughput, and errors by kind, as one JSON
 object per point.
 
+`python -m g4rt.bench.serve host --config e2b ...` serves a random checkpoint of a published size on
+the inductor engine (GPU) and, once SIGTERM has drained it, runs the same workload offline through the
+same warmed-up `LLM`: the two arms share every compiled kernel and captured graph.
+
 The client is raw asyncio HTTP/1.1 (one connection per request, SSE parsed by hand) so that its own
 cost stays far below the server's: a general-purpose client spends more per chunk than a decode step
 of a small model lasts. `offline` runs the same prompts through `LLM` in-process at the same
@@ -189,26 +193,49 @@ async def run_point(url: str, model: str | None, items, *, concurrency: int | No
     return summarize(results, time.perf_counter() - t0)
 
 
+def _emit(args, rec: dict) -> dict:
+    print(json.dumps(rec), flush=True)
+    if args.out:
+        with open(args.out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+    return rec
+
+
+def _workload(args, concurrency: int | None = None):
+    n = args.waves * concurrency if args.waves and concurrency else args.num_prompts
+    return workload(n, args.input_len, args.output_len, args.len_spread, args.vocab, args.seed)
+
+
+def _point(args, kind: str, conc, rate, rep: int, res: dict) -> dict:
+    return {"bench": "serve", "mode": kind, "concurrency": conc, "request_rate": rate, "rep": rep,
+            "num_prompts": args.waves * conc if args.waves and conc and kind != "rate" else args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+            "len_spread": args.len_spread, **res}
+
+
+def first_requests(args) -> dict:
+    """`--first-requests N` sequential requests right after readiness: is the first as fast as the Nth?"""
+    items = _workload(args)[:args.first_requests]
+    rs = [asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
+                                api_key=args.api_key)) for it in items]
+    return _emit(args, {"bench": "serve", "mode": "first_requests", "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],
+                        "e2e_ms": [r["e2e_ms"]["p50"] for r in rs], "tpot_ms": [r["tpot_ms"]["p50"] for r in rs]})
+
+
 def sweep(args) -> list[dict]:
-    items = workload(args.num_prompts, args.input_len, args.output_len, args.len_spread, args.vocab, args.seed)
+    if args.first_requests:
+        first_requests(args)
     points = [("concurrency", c, None) for c in args.concurrency] + \
              [("rate", args.max_concurrency, r) for r in args.request_rate]
     out = []
-    for kind, conc, rate in points:
-        if args.warmup_prompts:
-            asyncio.run(run_point(args.url, args.model, items[:args.warmup_prompts], concurrency=conc or 1, rate=None,
-                                  seed=args.seed, api_key=args.api_key))
-        res = asyncio.run(run_point(args.url, args.model, items, concurrency=conc, rate=rate, seed=args.seed,
-                                    api_key=args.api_key))
-        rec = {"bench": "serve", "mode": kind, "concurrency": conc, "request_rate": rate,
-               "num_prompts": args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
-               "len_spread": args.len_spread, **res}
-        print(json.dumps(rec), flush=True)
-        out.append(rec)
-    if args.out:
-        with open(args.out, "a") as f:
-            for rec in out:
-                f.write(json.dumps(rec) + "\n")
+    for rep in range(args.repeat):
+        for kind, conc, rate in points:
+            items = _workload(args, conc if kind == "concurrency" else None)
+            if args.warmup_prompts:
+                asyncio.run(run_point(args.url, args.model, items[:args.warmup_prompts], concurrency=conc or 1,
+                                      rate=None, seed=args.seed, api_key=args.api_key))
+            res = asyncio.run(run_point(args.url, args.model, items, concurrency=conc, rate=rate, seed=args.seed,
+                                        api_key=args.api_key))
+            out.append(_emit(args, _point(args, kind, conc, rate, rep, res)))
     return out
 
 
@@ -257,6 +284,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None, help="the served model name to send (default: none, any is accepted)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--num-prompts", type=int, default=64, help="requests per sweep point")
+    p.add_argument("--waves", type=int, default=None,
+                   help="instead of --num-prompts: waves x concurrency requests per concurrency point")
     p.add_argument("--input-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--len-spread", type=float, default=0.0,
@@ -266,11 +295,67 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", type=floats, default=[], help="Poisson points in requests/s, e.g. 2,8")
     p.add_argument("--max-concurrency", type=int, default=None, help="cap on requests in flight at a rate point")
     p.add_argument("--warmup-prompts", type=int, default=0, help="requests sent (and not counted) before each point")
+    p.add_argument("--repeat", type=int, default=1, help="run the whole sweep this many times")
+    p.add_argument("--first-requests", type=int, default=0,
+                   help="first send this many sequential requests (TTFT of each: the first vs the last)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
 
 
+def host(argv) -> int:
+    """Serve a random checkpoint on the inductor engine, then run the same workload offline (see above)."""
+    import logging
+
+    import torch
+
+    from g4rt.models.checkpoint import random_model
+    from g4rt.models.config import load_config
+    from g4rt.models.layout import PageGeometry
+    from g4rt.runtime.engines.inductor import InductorEngine
+    from g4rt.runtime.llm import LLM
+    from g4rt.runtime.scheduler import SchedulerConfig
+    from g4rt.runtime.server import Server
+    from g4rt.runtime.service.app import Service, ServiceConfig
+    from g4rt.runtime.service.engine_loop import warm_up
+
+    p = argparse.ArgumentParser(prog="python -m g4rt.bench.serve host")
+    add_arguments(p)
+    p.add_argument("--config", default="e2b", help="a published size or a config.json path")
+    p.add_argument("--device", default="cuda")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--max-num-seqs", type=int, default=64)
+    p.add_argument("--max-model-len", type=int, default=1024)
+    p.add_argument("--chunk", type=int, default=512)
+    p.add_argument("--kv-gib", type=float, default=16.0)
+    a = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    t0 = time.perf_counter()
+    model = random_model(load_config(a.config), dtype=torch.bfloat16, device=a.device, seed=a.seed)
+    geometry = PageGeometry.build(model.layout, 16)
+    frames = int(a.kv_gib * 2**30) // geometry.frame_bytes()
+    cfg = SchedulerConfig(max_num_batched_tokens=max(a.chunk, 2048), chunk=a.chunk, max_num_seqs=a.max_num_seqs,
+                          max_model_len=a.max_model_len)
+    llm = LLM(InductorEngine(model, geometry, frames), frames, cfg, eos_ids=model.config.eos_token_ids)
+    build_s = time.perf_counter() - t0
+    service = Service(llm, ServiceConfig(served_model_name=a.config, max_queue=4096))
+    server = Server(service, "127.0.0.1", a.port, access_log=False, shutdown_timeout_s=5)
+    print(f"g4rt bench host: {a.config} inductor on {server.url} ({frames} frames)", flush=True)
+    server.run()
+    _emit(a, {"bench": "serve", "mode": "host", "config": a.config, "build_s": build_s,
+              "warmup_s": service.engine.warmup_s, "frames": frames, "max_num_seqs": a.max_num_seqs,
+              "max_model_len": a.max_model_len, "decode_graphs": len(getattr(llm.engine, "_graphs", {}))})
+    warm_up(llm)  # nothing new to compile or capture: the offline arm starts where the service left off
+    for rep in range(a.repeat):
+        for conc in a.concurrency:
+            _emit(a, _point(a, "offline", conc, None, rep, offline(llm, _workload(a, conc), conc)))
+    return 0
+
+
 def main(argv=None) -> int:
+    import sys
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["host"]:
+        return host(argv[1:])
     p = argparse.ArgumentParser(prog="g4rt bench serve", description=__doc__.split("\n\n")[0])
     add_arguments(p)
     sweep(p.parse_args(argv))
