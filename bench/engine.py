@@ -498,8 +498,8 @@ def main(argv=None) -> int:
             log(r)
         return 0
     geometry = PageGeometry.build(model.layout)
-    frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, 512).frames for _ in range(max(batches, default=0))) + 8
-    cfg = SchedulerConfig(max_num_batched_tokens=2048, chunk=512, max_num_seqs=max(batches, default=1))
+    cfg = SchedulerConfig.for_device("cuda", max_num_seqs=max(batches, default=1))
+    frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, cfg.chunk).frames for _ in range(cfg.max_num_seqs)) + 8
     mode = None if a.compile_mode == "none" else a.compile_mode
     makers = {
         "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),

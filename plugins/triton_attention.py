@@ -15,7 +15,8 @@ Both shapes walk only the keys some row of the tile can see: from max(first_page
 window_left) up to p_last. Pages wholly outside the window are never touched, so a sliding layer's
 time stops growing with context once context > window. Key tiles that every row of the query tile
 sees whole (the interior of a long prefill chunk, all but the last tile of a decode) skip the
-per-score causal/window mask; only the tiles at the two edges are masked.
+per-score causal/window mask; only the tiles at the two edges are masked (not in head dim 512
+prefill, where the split loop measured slower, see default_config).
 
 Prefill with head dim 512 may cut the output columns across `dv_split` programs (config key): each
 recomputes the scores but holds a 1/dv_split accumulator and V tile, which is what limits the tile
@@ -204,13 +205,16 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
     From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
-    for 2-byte inputs at 8k: prefill D=256 128x64/8 warps/2 stages 355 TFLOP/s (51 % of the bf16
-    matmul rate) with the unmasked interior tiles; D=512 128x64/8 warps/1 stage with the output columns
-    cut in two (dv_split 2) 164 TFLOP/s, the best of the tiles tried (64x32 without the cut: 149);
-    decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
-    fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
-    D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
-    Untimed; chosen to fit."""
+    2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355
+    TFLOP/s (51 % of the bf16 matmul rate; 0.73 ms, the same tile masked everywhere took 0.84 ms in an
+    earlier session). D=512: 128x64/8 warps/1 stage with the output columns cut in two (dv_split 2)
+    and every tile masked 190 TFLOP/s (28 %), the best tried; at this head dim the unmasked interior
+    makes the kernel slower, not faster (64x32: 25.5 ms with it, 14.8 ms without), so D=512 prefill
+    keeps one masked loop (decode keeps the split: the engine's decode steps were measured with it,
+    export/results). Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and
+    32 (D=512). fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles
+    are halved and D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the
+    H200's 227 KB. Untimed; chosen to fit."""
     if decode:
         cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 128:
@@ -221,6 +225,7 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
         cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 1, "dv_split": 2}
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
+    cfg["interior"] = decode or head_dim <= 256
     if elem_bytes > 2:
         cfg["block_n"] = max(16, cfg["block_n"] // 2)
         if not decode:

@@ -57,6 +57,17 @@ class SchedulerConfig:
             raise ValueError(f"chunk ({self.chunk}) must not exceed max_num_batched_tokens "
                              f"({self.max_num_batched_tokens})")
 
+    @classmethod
+    def for_device(cls, device, **overrides) -> "SchedulerConfig":
+        """Measured settings per device kind (`overrides` win). CUDA: a 2,048-token chunk and budget
+        (31B on the H200: time to first token of 8k tokens within 1.5 % of one 8k step, where 512 costs
+        4-12 %, and a running decode waits at most one ~0.25 s step; export/results) and 256 sequences,
+        the largest decode graph. Other devices: the class defaults. The chunk is also charged to every
+        request's sliding promise (admission.py), so a larger one admits fewer long requests."""
+        kind = torch.device(device).type
+        base = {"max_num_batched_tokens": 2048, "chunk": 2048, "max_num_seqs": 256} if kind == "cuda" else {}
+        return cls(**{**base, **overrides})
+
 
 @dataclass
 class Sequence:

@@ -140,3 +140,16 @@ def test_overlapped_loop_matches_one_step_at_a_time(report):
     assert outs[True] == outs[False]
     assert fed[False] == 0 and fed[True] > 20
     report(f"overlapped loop: {fed[True]} tokens fed on the device, tokens equal to the serial loop")
+
+
+def test_scheduler_config_for_device():
+    """The measured CUDA settings (a 2,048-token chunk and budget, 256 sequences); CPU keeps the
+    defaults; overrides win and are still validated."""
+    from g4rt.runtime.scheduler import SchedulerConfig
+
+    cuda = SchedulerConfig.for_device("cuda")
+    assert (cuda.chunk, cuda.max_num_batched_tokens, cuda.max_num_seqs) == (2048, 2048, 256)
+    assert SchedulerConfig.for_device("cpu") == SchedulerConfig()
+    assert SchedulerConfig.for_device("cuda:0", max_num_seqs=8).max_num_seqs == 8
+    with pytest.raises(ValueError, match="chunk"):
+        SchedulerConfig.for_device("cuda", chunk=4096)
