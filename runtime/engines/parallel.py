@@ -24,6 +24,7 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -145,7 +146,9 @@ def _unpack(payload: torch.Tensor, sizes: dict[str, int]) -> tuple[StepBatch, Fe
 
 
 def _worker(rank: int, spec: RankSpec, build: Callable, store_port: int, conn) -> None:
-    """A rank other than 0: build, report, join the group, then run what rank 0 sends until "stop"."""
+    """A rank other than 0: build, report, join the group, then run what rank 0 sends until "stop".
+    Ctrl-C reaches every process of the terminal's group; rank 0 decides when the ranks stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         device = spec.rank_device(rank)
         if device.type == "cuda":
