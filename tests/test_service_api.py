@@ -244,6 +244,34 @@ def test_auth_routes_and_methods(served):
     assert "access-control-allow-origin" not in r.headers  # CORS is off unless --allowed-origins
 
 
+def test_echo_and_an_empty_prompt(client):
+    kw = dict(model=NAME, max_tokens=3, temperature=0, echo=True, extra_body={"ignore_eos": True})
+    assert client.completions.create(prompt=[2, 75, 131, 106], **kw).choices[0].text.startswith("hé")
+    r = client.completions.create(prompt="", **kw)
+    assert r.usage.prompt_tokens == 1 and r.usage.completion_tokens == 3  # the empty text is its BOS
+
+
+def test_an_unread_body_cannot_smuggle_a_request(served):
+    inner = b"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() + b"\r\n\r\n"
+    s = raw(served[0], b"POST /nope HTTP/1.1\r\nHost: x\r\nContent-Length: " + str(len(inner)).encode() +
+            b"\r\n\r\n" + inner, timeout=1.0)
+    data = b""
+    with contextlib.suppress(socket.timeout):
+        while chunk := s.recv(65536):
+            data += chunk
+    s.close()
+    assert data.count(b"HTTP/1.1 ") == 1 and data.startswith(b"HTTP/1.1 404")
+
+
+def test_cors_only_for_allowed_origins(tiny):
+    with serving(tiny, allowed_origins=("http://ok.example",)) as (server, _):
+        pre = {"Access-Control-Request-Method": "POST"}
+        ok = httpx.options(server.url + "/v1/completions", headers={"Origin": "http://ok.example", **pre})
+        bad = httpx.options(server.url + "/v1/completions", headers={"Origin": "http://evil.example", **pre})
+        assert ok.headers.get("access-control-allow-origin") == "http://ok.example"
+        assert "access-control-allow-origin" not in bad.headers
+
+
 def raw(server, head: bytes, timeout=10.0) -> socket.socket:
     s = socket.create_connection((server.host, server.port), timeout=timeout)
     s.sendall(head)

@@ -94,12 +94,15 @@ def completion(body: bytes, ctx: Context) -> Spec:
     _check_model(ctx, req.model)
     raw = req.prompts()
     texts = [p if isinstance(p, str) else None for p in raw]
-    encoded = iter(_tokenize(ctx, [t for t in texts if t is not None], True, "prompt") if any(texts) else [])
+    given = [t for t in texts if t is not None]
+    encoded = iter(_tokenize(ctx, given, True, "prompt") if given else [])
     prompts = [next(encoded) if isinstance(p, str) else list(p) for p in raw]
     if req.echo and req.logprobs is not None:
         raise APIError(400, "echo with logprobs needs prompt logprobs, which this engine does not compute", "echo")
     if (req.echo or req.stops) and ctx.tokenizer is None:
         raise APIError(400, "echo and stop strings need a tokenizer", "stop" if req.stops else "echo")
+    if req.echo:  # token-id prompts echo as their text
+        texts = [t if t is not None else ctx.tokenizer.decode(p, req.skip_special_tokens) for t, p in zip(texts, prompts)]
     spec = _spec("completion", req, prompts, texts, req.max_tokens or 16, ctx, req.logprobs)
     spec.echo = req.echo
     return spec
