@@ -195,6 +195,11 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def _gpu_engine(engine_dir) -> bool:
+    from g4rt.models import manifest as mf
+    return bool(engine_dir) and mf.read_manifest(engine_dir).get("backend") in ("inductor", "tensorrt")
+
+
 def _serve_frames(args, geometry: PageGeometry) -> int:
     """KV frames for `serve`: --num-frames, else --kv-memory-gib, else on CUDA --gpu-memory-utilization of the
     device (less what is in use, and less the weights when they are not loaded yet: the --engine path sizes
@@ -206,7 +211,7 @@ def _serve_frames(args, geometry: PageGeometry) -> int:
         return args.num_frames
     if args.kv_memory_gib is not None:
         budget = int(args.kv_memory_gib * GIB)
-    elif str(args.device).startswith("cuda") or args.engine:
+    elif torch.cuda.is_available() and (str(args.device).startswith("cuda") or _gpu_engine(args.engine)):
         free, total = torch.cuda.mem_get_info(torch.device(args.device if "cuda" in str(args.device) else "cuda"))
         weights = 0
         if torch.cuda.memory_allocated() == 0:
