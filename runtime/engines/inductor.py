@@ -141,7 +141,7 @@ class InductorEngine:
             # Round intermediates to the model dtype where eager torch does. Without it Inductor keeps
             # fused bf16 chains in fp32 and compiled logits drift further from eager ones. Fused
             # reductions still sum in another order, so compiled and eager bf16 are close, not
-            # bit-equal (tests/test_export_inductor.py).
+            # bit-equal (tests/test_engine_inductor.py).
             import torch._inductor.config as inductor_config
             inductor_config.emulate_precision_casts = True
         per_layer = compile_mode and compile_scope == "layers"
