@@ -56,11 +56,14 @@ def _manifest(cfg, geometry, model_dir: Path, backend: str, dtype: str, page_tok
 
 
 def copy_tokenizer(model_dir: Path, out: Path) -> dict:
-    """Copy the checkpoint's tokenizer.json, if any, so text prompts work with `--engine` alone;
+    """Copy the checkpoint's tokenizer.json, if any, so text prompts work with `--engine` alone (and its
+    tokenizer_config.json / chat_template.jinja, where `g4rt serve` finds the chat template);
     returns the manifest's `files` entry for it."""
     if not (model_dir / "tokenizer.json").is_file():
         return {}
-    shutil.copyfile(model_dir / "tokenizer.json", out / "tokenizer.json")
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        if (model_dir / name).is_file():
+            shutil.copyfile(model_dir / name, out / name)
     return {"tokenizer": "tokenizer.json"}
 
 
