@@ -8,6 +8,7 @@ request and is touched by this thread alone once it runs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
@@ -82,7 +83,8 @@ def _set(fut: asyncio.Future, value=None, error: BaseException | None = None) ->
 
 def accept(job: Job, error: APIError | None = None) -> None:
     """From the engine thread: the job's requests were admitted (or refused with `error`)."""
-    job.loop.call_soon_threadsafe(_set, job.accepted, True, error)
+    with contextlib.suppress(RuntimeError):  # the event loop already closed (shutdown)
+        job.loop.call_soon_threadsafe(_set, job.accepted, True, error)
 
 
 class OutputThread:
@@ -117,7 +119,8 @@ class OutputThread:
                     posts.setdefault(u.choice.job.loop, []).extend(
                         self._fail(u.choice.job, APIError(500, "internal error while formatting output")))
             for loop, items in posts.items():
-                loop.call_soon_threadsafe(_deliver, items)
+                with contextlib.suppress(RuntimeError):  # the event loop already closed (shutdown)
+                    loop.call_soon_threadsafe(_deliver, items)
 
     # ---- one update ----------------------------------------------------------------------------
     def _apply(self, u: Update) -> list:

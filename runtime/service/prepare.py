@@ -6,7 +6,7 @@ by max_model_len x the longest token's bytes (and the body limit), not by what a
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..sampling import SamplingParams
 from .chat import ChatTemplate
@@ -40,7 +40,6 @@ class Spec:
     echo: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False
-    endpoint: str = field(default="")
 
 
 def _check_model(ctx: Context, model: str | None) -> None:

@@ -52,7 +52,6 @@ class _Model(BaseModel):
 
 class StreamOptions(_Model):
     include_usage: bool = False
-    continuous_usage_stats: bool = False
 
 
 def _neutral(name: str, value, neutral):
