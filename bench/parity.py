@@ -354,8 +354,11 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
         # Row i saw prompt + tokens[:i]: rows are comparable up to the first token off the path.
         diff = first_difference(arm["tokens"], path)
         m = n if diff is None else diff + 1
-        err = rel_err(arm["rows"][:m].to(oracle.device), oracle[:m])
-        r.update({"err_vs_fp64": err, "hf32_err_vs_fp64": hf32_err, "ratio": round(err / hf32_err, 2),
+        rows = arm["rows"][:m].to(oracle.device)
+        err = rel_err(rows, oracle[:m])
+        # Per row, so an error carried by one row (e.g. one token routed to another expert) shows as such.
+        row_errs = ((rows.double() - oracle[:m]).abs().amax(-1) / oracle[:m].abs().max()).tolist()
+        r.update({"err_vs_fp64": err, "row_errs": [float(f"{e:.3g}") for e in row_errs], "hf32_err_vs_fp64": hf32_err, "ratio": round(err / hf32_err, 2),
                   "factor": s.factor, "rows_compared": m, "first_difference_at": diff,
                   "tokens_equal_hf32_greedy": arm["tokens"] == path == hf32_argmax,
                   "pass": diff is None and err <= s.factor * hf32_err,
