@@ -47,7 +47,7 @@ from .engine import (active_weight_bytes, decode_profile, expert_bytes, first_di
                      kernel_kinds, kv_bytes_per_step, prompts_for, run_llm)
 
 # Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles:
-# the decode tiles before export/results call 3, and 128-row prefill blocks.
+# the earlier decode tiles (export/results/README_moe.md) and 128-row prefill blocks.
 TILES = {
     1: [dict(gate_up_n=32, gate_up_k=256, down_n=32)],
     8: [dict(gate_up_n=32, gate_up_k=256, down_n=32)],

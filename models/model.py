@@ -107,7 +107,7 @@ class Attention(nn.Module):
     def pack_qkv(self) -> None:
         """Hold q, k and v as one weight, the three Linear weights becoming views of it, so a step reads
         them with one matmul: on the H200 the 50 sliding layers of the 31B take 2.13 ms that way against
-        2.68 ms as three matmuls (export/results, call 4). The packed weight is a plain attribute, not a
+        2.68 ms as three matmuls (export/results, matmul roles). The packed weight is a plain attribute, not a
         parameter (state-dict names stay HF's; export never packs), so pack once the model is on its
         device: `checkpoint.load_model` / `random_model` do it on CUDA."""
         parts = [m for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
