@@ -4,7 +4,7 @@
 attends over that sequence's whole contiguous cache through `plugins.reference.attend`, the same
 function the paged reference op calls, with the window enforced by the mask only. Paged and linear
 runs that hold the same keys are therefore byte-equal. It is slow and memory-hungry by design: it is
-the oracle, and the path `generate_linear` (CLI `--engine linear`, tests) uses.
+the oracle, and what `generate_linear` (tests) and `LinearEngine` (`g4rt generate --reference`) run.
 
 Usage per step::
 

@@ -42,8 +42,6 @@ import triton.language as tl
 
 from .buckets import pow2_bucket
 
-LOG2E = 1.4426950408889634
-
 
 @triton.jit
 def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset,
