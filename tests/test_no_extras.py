@@ -1,7 +1,8 @@
-"""`g4rt plan`, `generate --model` and `serve --model` with only the base dependencies.
+"""`g4rt plan` and `generate --model` with only the base dependencies, `serve --model` with only its
+own extra.
 
 Each command runs in a subprocess where the optional packages (the export, triton, test and
-tensorrt extras) cannot be imported: `sys.modules[name] = None` makes `import name` fail and
+tensorrt extras; for one serve test also the serve extra) cannot be imported: `sys.modules[name] = None` makes `import name` fail and
 `importlib.util.find_spec(name)` answer None, as on a machine that never installed them. Commands
 that do need an extra must say which one instead of a traceback.
 """
@@ -16,13 +17,15 @@ import urllib.request
 import pytest
 
 EXTRAS = ("onnx", "onnxscript", "onnxruntime", "transformers", "triton", "tensorrt", "polygraphy")
-_PRELUDE = (f"import sys\nfor m in {EXTRAS!r}:\n    sys.modules[m] = None\n"
-            "from g4rt.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+SERVE_EXTRA = ("fastapi", "uvicorn", "starlette", "pydantic", "prometheus_client", "jinja2")
 
 
-def g4rt(*args, **kw):
-    return subprocess.Popen([sys.executable, "-c", _PRELUDE, *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, **kw)
+def g4rt(*args, extra_blocked=()):
+    blocked = EXTRAS + tuple(extra_blocked)
+    prelude = (f"import sys\nfor m in {blocked!r}:\n    sys.modules[m] = None\n"
+               "from g4rt.cli import main\nsys.exit(main(sys.argv[1:]))\n")
+    return subprocess.Popen([sys.executable, "-c", prelude, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def run(*args) -> subprocess.CompletedProcess:
@@ -48,8 +51,16 @@ def test_commands_that_need_an_extra_name_it(tmp_path):
         assert "pip install 'g4rt[export]'" in r.stderr, r.stderr
 
 
-def test_serve_without_extras(tmp_path):
-    """`serve --model tiny` either serves (its dependencies are all base ones) or names its extra."""
+def test_serve_without_extras_names_its_extra():
+    """`serve` needs the serve extra (FastAPI, uvicorn, ...): without it, it says which, and stops."""
+    p = g4rt("serve", "--model", "tiny", "--port", "0", extra_blocked=SERVE_EXTRA)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode != 0 and "Traceback" not in err
+    assert "pip install 'g4rt[serve]'" in err, err
+
+
+def test_serve_with_only_its_own_extra():
+    """With the serve extra but none of the others, `serve --model tiny` answers /health."""
     p = g4rt("serve", "--model", "tiny", "--port", "0")
     try:
         deadline = time.monotonic() + 120
@@ -60,10 +71,7 @@ def test_serve_without_extras(tmp_path):
                 break
             if "http://" in line:
                 url = line.split("http://", 1)[1].split()[0].rstrip(";,")
-        if url is None:
-            err = p.stderr.read()
-            assert p.wait(timeout=30) != 0 and "Traceback" not in err and "pip install 'g4rt[" in err, err
-            return
+        assert url is not None, p.stderr.read() if p.poll() is not None else "no URL printed"
         with urllib.request.urlopen(f"http://{url}/health", timeout=30) as resp:
             assert resp.status == 200
     finally:
