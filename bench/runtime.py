@@ -164,6 +164,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--layers", type=int, default=0, help="keep only the first N layers (a mid-size model)")
+    ap.add_argument("--kernels", default=None, help="triton or reference (default: triton on CUDA)")
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
                     help="weights and compute; float32 separates rounding from logic in the equality check")
     ap.add_argument("--rounding-sensitivity", action="store_true",
@@ -178,7 +179,7 @@ def main(argv=None) -> int:
     if a.layers:
         cfg = dataclasses.replace(cfg, num_hidden_layers=a.layers, layer_types=cfg.layer_types[:a.layers],
                                   num_kv_shared_layers=0)
-    model = random_model(cfg, dtype=getattr(torch, a.dtype), device=a.device, seed=a.seed)
+    model = random_model(cfg, dtype=getattr(torch, a.dtype), device=a.device, seed=a.seed, kernels=a.kernels)
     log_json(a.out, {"check": "build", "config": a.config, "dtype": a.dtype, "layers": cfg.num_hidden_layers, "seconds": round(time.perf_counter() - t0, 1),
                  "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__})
     ok = True
