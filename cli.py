@@ -129,11 +129,13 @@ def _open_llm(args, cmd: str, source: Path, frames_for):
     if args.engine:
         try:
             manifest = mf.read_manifest(args.engine)
-            if manifest.get("backend") == "onnxruntime":
-                _need(cmd, "export", "onnxruntime")
+            if kernels and manifest.get("backend") != "inductor":
+                raise SystemExit(f"{cmd}: --kernels applies to --model and inductor engines; a "
+                                 f"{manifest.get('backend')} engine has its kernels built in")
             frames = frames_for(mf.manifest_geometry(manifest))
+            # Each engine that needs an extra (onnxruntime, tensorrt) says which when it is missing.
             engine = open_engine(args.engine, frames, **({"kernels": kernels} if kernels else {}))
-        except (mf.ManifestError, OSError, RuntimeError, TypeError) as e:
+        except (mf.ManifestError, OSError, RuntimeError) as e:
             raise SystemExit(f"{cmd}: --engine: {e}")
         return LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids), f"{manifest['backend']} engine"
     try:

@@ -25,7 +25,7 @@ from tqdm import tqdm
 from g4rt.models import manifest as mf
 from g4rt.models.checkpoint import checkpoint_files, load_model
 from g4rt.models.config import load_config
-from g4rt.models.layout import ALIGN, KVLayout, PageGeometry, torch_dtype
+from g4rt.models.layout import ALIGN, PAGE_TOKENS, KVLayout, PageGeometry, torch_dtype
 from g4rt.models.paged import PagedStep
 from g4rt.models.profiles import StepLimits, derive_profiles
 from g4rt.models.tiny import resolve_model_dir as _resolve
@@ -67,8 +67,9 @@ def copy_tokenizer(model_dir: Path, out: Path) -> dict:
     return {"tokenizer": "tokenizer.json"}
 
 
-def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "float32", page_tokens: int = 16,
-                backend: str = "onnxruntime", bar: tqdm | None = None, limits: StepLimits | None = None) -> dict:
+def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "float32",
+                page_tokens: int = PAGE_TOKENS, backend: str = "onnxruntime", bar: tqdm | None = None,
+                limits: StepLimits | None = None) -> dict:
     """Load the checkpoint once, export PagedStep(functional=True) to `out_dir`, write the golden
     steps (export/goldens.py) and the manifest. `limits` (the scheduler limits the engine is built
     for) become the manifest's `profiles`, which a TensorRT build needs."""
@@ -136,9 +137,9 @@ def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_to
     index = model_dir / "model.safetensors.index.json"
     if index.is_file():
         _link_or_copy(index, weights / index.name)
-    manifest = mf.build_manifest(
-        cfg, geometry, backend="inductor", dtype=dtype, page_tokens=page_tokens, align=ALIGN,
-        name=model_dir.resolve().name, profiles={"batch_buckets": "powers of two up to the largest batch"},
+    manifest = _manifest(
+        cfg, geometry, model_dir, "inductor", dtype, page_tokens,
+        profiles={"batch_buckets": "powers of two up to the largest batch"},
         files={"weights": WEIGHTS_DIR, "compile_cache": CACHE_DIR, **copy_tokenizer(model_dir, out_dir)},
         extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets"}})
     (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
@@ -179,7 +180,7 @@ def check_backend_available(backend: str) -> None:
 
 
 def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: str | None = None,
-          page_tokens: int = 16, progress: bool = True, limits: StepLimits | None = None,
+          page_tokens: int = PAGE_TOKENS, progress: bool = True, limits: StepLimits | None = None,
           providers: list[str] | None = None) -> Path:
     """Build an engine directory for `backend` and return its path. tensorrt needs `limits` (its
     optimization profile); onnxruntime records `providers` (its execution providers) in the manifest."""

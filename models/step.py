@@ -17,35 +17,65 @@ Conventions (shared with the plugin ops, see plugins/README.md):
 
 The step graph's interface is defined here once: `INPUTS` (the arena, then the batch fields) with
 their symbolic dims, and `OUTPUTS`. ONNX dynamic shapes, TensorRT optimisation profiles and the
-CUDA-graph engine's static input buffers are all derived from `INPUTS`, so adding a field to
-`StepBatch` means adding it to `INPUTS` and nowhere else.
+CUDA-graph engine's static input buffers are all derived from `INPUTS`, which is read off the
+`StepBatch` fields' dims: adding a field means adding it there and nowhere else.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 import torch
 
 # Bump when the step graph's inputs/outputs change meaning: recorded in every engine manifest.
 IO_CONTRACT_VERSION = 1
 
-# Input name -> its dims, each a symbolic size or an (offset) of one: "seqs+1" is seqs + 1.
-# frames / frame_elems: the arena; tokens: T; seqs: B; *_pages: table widths; rows: logits rows R.
-INPUTS: dict[str, tuple[str, ...]] = {
-    "arena": ("frames", "frame_elems"),
-    "token_ids": ("tokens",),
-    "positions": ("tokens",),
-    "cu_q": ("seqs+1",),
-    "kv_lens": ("seqs",),
-    "sliding_table": ("seqs", "sliding_pages"),
-    "sliding_first": ("seqs",),
-    "sliding_slots": ("tokens",),
-    "full_table": ("seqs", "full_pages"),
-    "full_slots": ("tokens",),
-    "logits_rows": ("rows",),
-}
+# Symbolic sizes of the step graph's dims: frames (arena), tokens T, seqs B, table widths of both
+# groups, logits rows R; frame_elems is static. A dim is a symbol or a symbol plus a constant ("seqs+1").
+SYMBOLS = ("frames", "tokens", "seqs", "sliding_pages", "full_pages", "rows")
 OUTPUTS = ("logits", "arena_out")  # float32 [rows, vocab]; the arena after this step's writes
-SYMBOLS = ("frames", "tokens", "seqs", "sliding_pages", "full_pages", "rows")  # frame_elems is static
+
+
+def _dims(*dims: str):
+    """A StepBatch field with its symbolic dims (read back as `INPUTS`)."""
+    return field(metadata={"dims": dims})
+
+
+@dataclass
+class StepBatch:
+    token_ids: torch.Tensor = _dims("tokens")
+    positions: torch.Tensor = _dims("tokens")
+    cu_q: torch.Tensor = _dims("seqs+1")
+    kv_lens: torch.Tensor = _dims("seqs")
+    sliding_table: torch.Tensor = _dims("seqs", "sliding_pages")
+    sliding_first: torch.Tensor = _dims("seqs")
+    sliding_slots: torch.Tensor = _dims("tokens")
+    full_table: torch.Tensor = _dims("seqs", "full_pages")
+    full_slots: torch.Tensor = _dims("tokens")
+    logits_rows: torch.Tensor = _dims("rows")
+
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        """The fields in contract order: the exported graph's inputs after the arena."""
+        return tuple(getattr(self, f.name) for f in fields(self))
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    def to(self, device) -> "StepBatch":
+        return StepBatch(*(t.to(device, non_blocking=True) for t in self.tensors()))
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.token_ids.shape[0])
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.kv_lens.shape[0])
+
+
+# The step graph's inputs, name -> dims: the arena, then the StepBatch fields in contract order.
+INPUTS: dict[str, tuple[str, ...]] = {"arena": ("frames", "frame_elems"),
+                                      **{f.name: f.metadata["dims"] for f in fields(StepBatch)}}
 
 
 def dim_symbol(dim: str) -> tuple[str, int]:
@@ -64,45 +94,3 @@ def input_shape(name: str, sizes: dict[str, int]) -> tuple[int, ...]:
             raise KeyError(f"input {name!r} needs a size for {sym!r}")
         out.append(sizes[sym] + plus)
     return tuple(out)
-
-
-@dataclass
-class StepBatch:
-    token_ids: torch.Tensor  # [T]
-    positions: torch.Tensor  # [T]
-    cu_q: torch.Tensor  # [B+1]
-    kv_lens: torch.Tensor  # [B]
-    sliding_table: torch.Tensor  # [B, Ms]
-    sliding_first: torch.Tensor  # [B]
-    sliding_slots: torch.Tensor  # [T]
-    full_table: torch.Tensor  # [B, Mf]
-    full_slots: torch.Tensor  # [T]
-    logits_rows: torch.Tensor  # [R]
-
-    def tensors(self) -> tuple[torch.Tensor, ...]:
-        """The fields in contract order: the exported graph's inputs after the arena."""
-        return tuple(getattr(self, f.name) for f in fields(self))
-
-    @classmethod
-    def names(cls) -> tuple[str, ...]:
-        return tuple(f.name for f in fields(cls))
-
-    @classmethod
-    def input_names(cls) -> tuple[str, ...]:
-        """The step graph's inputs: the arena, then the fields in contract order."""
-        return ("arena",) + cls.names()
-
-    def to(self, device) -> "StepBatch":
-        return StepBatch(*(t.to(device, non_blocking=True) for t in self.tensors()))
-
-    @property
-    def num_tokens(self) -> int:
-        return int(self.token_ids.shape[0])
-
-    @property
-    def num_seqs(self) -> int:
-        return int(self.kv_lens.shape[0])
-
-
-if tuple(INPUTS) != StepBatch.input_names():  # the contract and the dataclass must not drift apart
-    raise AssertionError(f"models.step.INPUTS {tuple(INPUTS)} != arena + StepBatch fields {StepBatch.input_names()}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from g4rt.models.config import Gemma4Config
-from g4rt.models.layout import KVLayout, PageGeometry, torch_dtype
+from g4rt.models.layout import PAGE_TOKENS, KVLayout, PageGeometry, torch_dtype
 
 from .admission import promise_for
 
@@ -114,8 +114,8 @@ class Plan:
         }
 
 
-def make_plan(name: str, cfg: Gemma4Config, *, context: int, chunk: int = 1, page_tokens: int = 16,
-              dtype: str | None = None, memory_bytes: int | None = None) -> Plan:
+def make_plan(name: str, cfg: Gemma4Config, *, context: int, chunk: int = 1,
+              page_tokens: int = PAGE_TOKENS, dtype: str | None = None, memory_bytes: int | None = None) -> Plan:
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     if chunk < 1:
