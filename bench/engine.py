@@ -178,10 +178,13 @@ def kernel_kinds(prof) -> dict:
 
 
 @torch.inference_mode()
-def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50) -> dict:
+def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50,
+                   matmul_bytes: int | None = None) -> dict:
     """Where a decode step's time goes. The captured graph of the last decode step, replayed alone, gives
     the step's GPU time without the runtime around it; one profiled step of the compiled module and one
-    of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V."""
+    of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V.
+    `matmul_bytes`: the weight bytes the cuBLAS matmuls read, where other kernels read the rest (a
+    mixture-of-experts model's experts); default `weight_bytes`."""
 
 
     key = next(k for k in engine._graphs if k[0] == batch)
@@ -202,7 +205,7 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
         record[name] = kernel_kinds(prof)
     mm = record["compiled"]["by_kind"].get("matmul", {}).get("ms")
     if mm:
-        record["matmul_GBps"] = round(weight_bytes / mm / 1e6, 1)
+        record["matmul_GBps"] = round((weight_bytes if matmul_bytes is None else matmul_bytes) / mm / 1e6, 1)
     return record
 
 

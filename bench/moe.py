@@ -17,7 +17,8 @@ Stages, each one JSON line in DIR/moe_bench.jsonl as it finishes (a run cut shor
   the distinct experts the routers actually chose in the eager engine's decode steps (counted by
   `ExpertCensus`), the KV at the context; at the copy bandwidth; and the ratio reached.
 * `decode_profile` (`--profile`): the inductor engine's batch-1 decode graph replayed alone, and its
-  kernels by kind (bench.engine.decode_profile).
+  kernels by kind (bench.engine.decode_profile); `matmul_GBps` over the non-expert weights (the experts
+  are the MoE kernels' reads, not cuBLAS's).
 * `ttft`: time to first token of one prompt of each length (warm-up, then three runs) on the inductor
   engine, and on HF `Gemma4ForCausalLM` (sdpa) with the same weights; `hf` decode at batch 1.
 """
@@ -44,7 +45,7 @@ from g4rt.runtime.scheduler import SchedulerConfig
 
 from .common import ceilings, log_json, sync, time_ms
 from .engine import (active_weight_bytes, decode_profile, expert_bytes, first_differences, hf_decode, hf_model_from,
-                     kernel_kinds, kv_bytes_per_step, prompts_for, run_llm)
+                     kernel_kinds, kv_bytes_per_step, prompts_for, run_llm, weight_bytes_per_step)
 
 # Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles:
 # the earlier decode tiles (export/results/README_moe.md) and 128-row prefill blocks.
@@ -177,8 +178,7 @@ def main(argv=None) -> int:
         ap.error(f"--config {a.config}: not a mixture-of-experts model")
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
          **{k: round(v, 1) for k, v in ceil.items()}, "build_s": round(time.perf_counter() - t0, 1),
-         "expert_bytes": expert_bytes(model), "all_weight_bytes": active_weight_bytes(model, [model.config.num_experts]
-                                                                                      * model.config.num_hidden_layers)})
+         "expert_bytes": expert_bytes(model), "all_weight_bytes": weight_bytes_per_step(model)})
     ok = True
 
     def stage(fn, name, **ids):
@@ -234,7 +234,8 @@ def main(argv=None) -> int:
                      "warmup_s": r["warmup_s"], "tokens_equal_eager": None if eager is None else r["tokens"] == eager,
                      "first_difference_at": first_differences(r["tokens"], eager or [])})
                 if a.profile and name == "inductor" and b == 1:
-                    log(decode_profile(llm.engine, model, b, roof["active_weight_bytes"]))
+                    non_expert = active_weight_bytes(model, [0] * len(distinct[b]), b)  # what cuBLAS reads
+                    log(decode_profile(llm.engine, model, b, roof["active_weight_bytes"], matmul_bytes=non_expert))
                 return eager is None or r["tokens"] == eager
             ok &= bool(stage(run, name, batch=b))
     one = SamplingParams(max_new_tokens=1, ignore_eos=True)
