@@ -202,13 +202,14 @@ def _emit(args, rec: dict) -> dict:
 
 
 def _workload(args, concurrency: int | None = None):
+    """The point's prompts: --waves x `concurrency` of them (closed loop, with --waves), else --num-prompts."""
     n = args.waves * concurrency if args.waves and concurrency else args.num_prompts
     return workload(n, args.input_len, args.output_len, args.len_spread, args.vocab, args.seed)
 
 
-def _point(args, kind: str, conc, rate, rep: int, res: dict) -> dict:
+def _point(args, kind: str, conc, rate, rep: int, num_prompts: int, res: dict) -> dict:
     return {"bench": "serve", "mode": kind, "concurrency": conc, "request_rate": rate, "rep": rep,
-            "num_prompts": args.waves * conc if args.waves and conc and kind != "rate" else args.num_prompts, "input_len": args.input_len, "output_len": args.output_len,
+            "num_prompts": num_prompts, "input_len": args.input_len, "output_len": args.output_len,
             "len_spread": args.len_spread, **res}
 
 
@@ -235,7 +236,7 @@ def sweep(args) -> list[dict]:
                                       rate=None, seed=args.seed, api_key=args.api_key))
             res = asyncio.run(run_point(args.url, args.model, items, concurrency=conc, rate=rate, seed=args.seed,
                                         api_key=args.api_key))
-            out.append(_emit(args, _point(args, kind, conc, rate, rep, res)))
+            out.append(_emit(args, _point(args, kind, conc, rate, rep, len(items), res)))
     return out
 
 
@@ -347,7 +348,8 @@ def host(argv) -> int:
     warm_up(llm)  # nothing new to compile or capture: the offline arm starts where the service left off
     for rep in range(a.repeat):
         for conc in a.concurrency:
-            _emit(a, _point(a, "offline", conc, None, rep, offline(llm, _workload(a, conc), conc)))
+            items = _workload(a, conc)
+            _emit(a, _point(a, "offline", conc, None, rep, len(items), offline(llm, items, conc)))
     return 0
 
 

@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..llm import LLM
 from . import prepare
 from .chat import ChatTemplate
-from .engine_loop import EngineLoop
+from .engine_loop import EngineLoop, max_model_len
 from .metrics import Metrics
 from .outputs import Job, OutputThread
 from .protocol import APIError, model_card, now
@@ -59,9 +59,7 @@ class Service:
     def __init__(self, llm: LLM, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
                  template: ChatTemplate | None = None):
         self.llm, self.config = llm, config
-        sched = llm.scheduler
-        max_len = sched.config.max_model_len or sched.geometry.layout.config.max_position_embeddings
-        self.ctx = prepare.Context(config.served_model_name, max_len, tokenizer, template)
+        self.ctx = prepare.Context(config.served_model_name, max_model_len(llm), tokenizer, template)
         self.metrics = Metrics()
         self.engine: EngineLoop | None = None
         self.outputs = OutputThread(tokenizer, self.metrics, lambda rids: self.engine.cancel(rids))
@@ -114,7 +112,7 @@ class Service:
             raise
         if spec.stream:
             return SSEResponse(job, self.engine.cancel)
-        waiter = asyncio.ensure_future(_disconnected(request))
+        waiter = asyncio.ensure_future(_watch(request.receive))
         try:
             await asyncio.wait({job.result, waiter}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -124,11 +122,6 @@ class Service:
             return Response(status_code=499)
         status, data = job.result.result()
         return Response(data, status_code=status, media_type="application/json")
-
-
-async def _disconnected(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
 
 
 async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
@@ -193,6 +186,7 @@ class SSEResponse(Response):
 
 
 async def _watch(receive) -> None:
+    """Returns when the client hangs up (ASGI's http.disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
 

@@ -25,11 +25,17 @@ from .protocol import APIError
 log = logging.getLogger("g4rt.serve")
 
 
+def max_model_len(llm: LLM) -> int:
+    """The most positions (prompt + output) one request may use, as the scheduler admits them."""
+    sched = llm.scheduler
+    return sched.config.max_model_len or sched.geometry.layout.config.max_position_embeddings
+
+
 def decode_bounds(llm: LLM) -> dict:
     """The largest decode batch and page-table widths this scheduler can produce (warm-up covers them)."""
     sched = llm.scheduler
     geo = sched.geometry
-    max_len = sched.config.max_model_len or geo.layout.config.max_position_embeddings
+    max_len = max_model_len(llm)
     pt_s, pt_f = geo.page_tokens["sliding"], geo.page_tokens["full"]
     window = geo.layout.sliding.window
     sliding = min(-(-max_len // pt_s), -(-(window - 1) // pt_s) + 1)
@@ -44,14 +50,14 @@ def warm_up(llm: LLM) -> float:
     Their lengths cover sizes compilers commonly specialise on (1, a multiple of 16 and not, a full chunk).
     Returns the seconds it took.
 
-    On the H200 (runtime/results) the first request after a warm-up of only the batch together still
-    took 2.3 s to its first token against <= 70 ms for the next nine; the single-sequence prefills are
-    here for that (the cause was not isolated there)."""
+    On the H200 (runtime/results/README.md, the `g4rt serve` section) the first request after a warm-up
+    of only the batch together still took 2.3 s to its first token against <= 70 ms for the next nine;
+    with the single-sequence prefills it took 78.6 ms (the cause was not isolated)."""
     t0 = time.perf_counter()
     if hasattr(llm.engine, "warmup"):
         llm.engine.warmup(**decode_bounds(llm))
     sched = llm.scheduler
-    max_len = sched.config.max_model_len or sched.geometry.layout.config.max_position_embeddings
+    max_len = max_model_len(llm)
     vocab = sched.geometry.layout.config.vocab_size
     lens = sorted({max(1, min(n, max_len - 4)) for n in (sched.config.chunk + 1, 48, 17, 2)}, reverse=True)
     prompts = [[(7 * i + 3) % vocab for i in range(n)] for n in lens]
@@ -107,9 +113,6 @@ class EngineLoop:
     def num_waiting(self) -> int:
         """Requests not yet running (queued in the scheduler or not yet taken from the inbox)."""
         return len(self.llm.scheduler.waiting) + self._inbox.qsize()
-
-    def idle(self) -> bool:
-        return not self._tracked and self._inbox.empty()
 
     # ---- the engine thread -----------------------------------------------------------------------
     def _run(self) -> None:

@@ -57,9 +57,9 @@ def _need_tokenizer(ctx: Context, what: str) -> Tokenizer:
 def _tokenize(ctx: Context, texts: list[str], add_special_tokens: bool, param: str) -> list[list[int]]:
     tok = _need_tokenizer(ctx, f"a text {param}")
     for t in texts:
-        if tok.min_tokens(t) > ctx.max_model_len:
+        if (least := tok.min_tokens(t)) > ctx.max_model_len:
             raise APIError(400, f"{param} is longer than max_model_len {ctx.max_model_len} tokens "
-                                f"({len(t.encode())} bytes, at least {tok.min_tokens(t)} tokens)", param,
+                                f"({len(t.encode())} bytes, at least {least} tokens)", param,
                            "context_length_exceeded")
     return tok.encode(texts, add_special_tokens)
 

@@ -12,7 +12,7 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed's range, less the n-1 added for n > 1 choices
 MAX_N = 128
@@ -54,10 +54,13 @@ class StreamOptions(_Model):
     include_usage: bool = False
 
 
-def _neutral(name: str, value, neutral):
-    if value not in (None, neutral):
-        raise ValueError(f"{name} is not supported by this engine (only {neutral!r})")
-    return value
+def _only(neutral) -> AfterValidator:
+    """A field this engine does not implement: accepted absent or at `neutral`, the value that changes nothing."""
+    def check(value, info):
+        if value not in (None, neutral):
+            raise ValueError(f"{info.field_name} is not supported by this engine (only {neutral!r})")
+        return value
+    return AfterValidator(check)
 
 
 class _Sampling(_Model):
@@ -79,26 +82,11 @@ class _Sampling(_Model):
     include_stop_str_in_output: bool = False
     return_token_ids: bool = False
     user: str | None = None
-    presence_penalty: float | None = None
-    frequency_penalty: float | None = None
-    repetition_penalty: float | None = None
-    logit_bias: dict | None = None
+    presence_penalty: Annotated[float | None, _only(0.0)] = None
+    frequency_penalty: Annotated[float | None, _only(0.0)] = None
+    repetition_penalty: Annotated[float | None, _only(1.0)] = None
+    logit_bias: Annotated[dict | None, _only({})] = None
     best_of: int | None = None
-
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalty(cls, v, info):
-        return _neutral(info.field_name, v, 0.0)
-
-    @field_validator("repetition_penalty")
-    @classmethod
-    def _no_repetition(cls, v, info):
-        return _neutral(info.field_name, v, 1.0)
-
-    @field_validator("logit_bias")
-    @classmethod
-    def _no_bias(cls, v, info):
-        return _neutral(info.field_name, v or None, None)
 
     @field_validator("stop")
     @classmethod
@@ -132,7 +120,7 @@ class CompletionRequest(_Sampling):
     prompt: PromptType
     logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     echo: bool = False
-    suffix: str | None = None
+    suffix: Annotated[str | None, _only(None)] = None
 
     @field_validator("prompt")
     @classmethod
@@ -142,11 +130,6 @@ class CompletionRequest(_Sampling):
         if isinstance(v, list) and isinstance(v[0], list) and any(not p for p in v):
             raise ValueError("prompt token lists must not be empty")
         return v
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, v, info):
-        return _neutral(info.field_name, v, None)
 
     def prompts(self) -> list[str | list[int]]:
         """The prompts as texts or token lists (a single prompt becomes a list of one)."""
@@ -179,15 +162,10 @@ class ChatCompletionRequest(_Sampling):
     top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict | None = None
-    tools: list | None = None
+    tools: Annotated[list | None, _only([])] = None
     tool_choice: str | dict | None = None
     response_format: dict | None = None
     parallel_tool_calls: bool | None = None
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tools(cls, v, info):
-        return _neutral(info.field_name, v or None, None)
 
     @field_validator("tool_choice")
     @classmethod

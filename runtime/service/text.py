@@ -57,10 +57,14 @@ class IncrementalDetokenizer:
         self.prefix = 0
         self.read = len(self.ids)
 
+    def _window(self) -> list[str]:
+        """The window's text without and with the tokens not yet handed out."""
+        return self.tok.tok.decode_batch([self.ids[self.prefix:self.read], self.ids[self.prefix:]],
+                                         skip_special_tokens=self.skip)
+
     def push(self, new_ids: list[int]) -> str:
         self.ids += new_ids
-        before, after = self.tok.tok.decode_batch([self.ids[self.prefix:self.read], self.ids[self.prefix:]],
-                                                  skip_special_tokens=self.skip)
+        before, after = self._window()
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
@@ -68,8 +72,7 @@ class IncrementalDetokenizer:
 
     def flush(self) -> str:
         """What is left at the end (an incomplete character decodes as U+FFFD, as a one-shot decode does)."""
-        before, after = self.tok.tok.decode_batch([self.ids[self.prefix:self.read], self.ids[self.prefix:]],
-                                                  skip_special_tokens=self.skip)
+        before, after = self._window()
         self.prefix = self.read = len(self.ids)
         return after[len(before):]
 
