@@ -16,5 +16,5 @@ for _ in $(seq 600); do curl -sf "$URL/ready" > /dev/null && break; kill -0 $HOS
 curl -s "$URL/ready" > "$OUT/ready.json"
 timeout 200 python3 -m g4rt.bench.serve --url "$URL" $W --num-prompts 10 --first-requests 10 --out "$OUT/serve.jsonl"
 curl -s "$URL/metrics" | grep -E "^g4rt_(step_seconds|time_to_first|request_queue)_(sum|count)" > "$OUT/metrics.txt"
-kill -TERM $HOST; wait $HOST; echo "host exit $?"
+kill -TERM $HOST; wait $HOST; echo "host exit $?" | tee -a "$OUT/host.log"
 tail -5 "$OUT/host.log"
