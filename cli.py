@@ -504,7 +504,7 @@ def _step_limits(args, cmd: str, dtype: str):
 
 
 def _tolerance(text: str) -> tuple[str, float]:
-    name, sep, value = text.partition("=")
+    name, _, value = text.partition("=")
     try:
         return name, float(value)
     except ValueError:
@@ -572,9 +572,9 @@ def generation_parity(engine_dir: str | Path, model_dir: str | Path, prompts: li
 
     manifest = mf.read_manifest(engine_dir)
     geometry = mf.manifest_geometry(manifest)
-    limits = manifest.get("limits", {})
-    config = SchedulerConfig(max_num_batched_tokens=limits.get("max_batched_tokens", 512),
-                             chunk=limits.get("chunk", 256), max_num_seqs=limits.get("max_seqs", 64))
+    limits = manifest.get("limits", {})  # the build's StepLimits, by the scheduler's names; else its defaults
+    fields = {"max_batched_tokens": "max_num_batched_tokens", "chunk": "chunk", "max_seqs": "max_num_seqs"}
+    config = SchedulerConfig(**{field: limits[key] for key, field in fields.items() if key in limits})
     frames = sum(promise_for(geometry, len(p), new_tokens, config.chunk).frames for p in prompts)
     engine = open_engine(engine_dir, frames)
     got = [o.token_ids for o in LLM(engine, frames, config, eos_ids=()).generate(

@@ -22,7 +22,6 @@ runner: ONNX Runtime (`OnnxrtRunner`) or TensorRT (`TrtRunner`, plugins register
 """
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -183,7 +182,7 @@ def compare(manifest: dict, engine_dir: str | Path, runner, tol: dict) -> dict:
     if manifest.get("profiles"):
         for name, feed in zip(entry["steps"], feeds):
             try:
-                check_step(manifest["profiles"], step_sizes({k: tuple(v.shape) for k, v in feed.items()}))
+                check_step(manifest["profiles"], step_sizes(feed))
             except ProfileError as e:
                 raise GoldenError(f"golden step {name!r}: {e}") from None
     with _quiet():
@@ -204,15 +203,7 @@ def compare(manifest: dict, engine_dir: str | Path, runner, tol: dict) -> dict:
     return {"passed": passed, "runner": pair[1], "tolerances": tol, "steps": steps}
 
 
-class _quiet:
+def _quiet():
     """Polygraphy logs every step at INFO; the check prints its own table instead."""
-
-    def __enter__(self):
-        from polygraphy.logger import G_LOGGER
-        self._old = G_LOGGER.module_severity
-        G_LOGGER.module_severity = G_LOGGER.ERROR
-        logging.getLogger("polygraphy").setLevel(logging.ERROR)
-
-    def __exit__(self, *exc):
-        from polygraphy.logger import G_LOGGER
-        G_LOGGER.module_severity = self._old
+    from polygraphy.logger import G_LOGGER
+    return G_LOGGER.verbosity(G_LOGGER.ERROR)

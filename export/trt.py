@@ -41,9 +41,9 @@ class TrtBuildError(RuntimeError):
     pass
 
 
-def tensorrt_graph(engine_dir: str | Path, manifest: dict, num_sms: int) -> Path:
+def tensorrt_graph(engine_dir: str | Path, manifest: dict, num_sms: int):
     """Write `model.trt.onnx` (split-K attention nodes, weights shared with `model.onnx.data`) and
-    refuse a custom op that has no TensorRT plugin. Returns its path."""
+    refuse a custom op that has no TensorRT plugin. Returns its path and the graph (no weights)."""
     import onnx
 
     out = Path(engine_dir)
@@ -59,7 +59,7 @@ def tensorrt_graph(engine_dir: str | Path, manifest: dict, num_sms: int) -> Path
                             f"plugins/trt_plugins.py; TensorRT would inline their reference functions")
     path = out / TRT_MODEL_FILE
     onnx.save(model, str(path))  # initializers keep pointing at DATA_FILE next to it
-    return path
+    return path, model
 
 
 def arena_tensors(model) -> set[str]:
@@ -105,7 +105,7 @@ def _progress_monitor(trt):
             trt.IProgressMonitor.__init__(self)
             self.totals = {}
 
-        def phase_start(self, phase_name, parent_phase, num_steps):
+        def phase_start(self, phase_name, parent_phase, num_steps):  # TensorRT's signature: parent unused
             self.totals[phase_name] = num_steps
             print(f"tensorrt: {phase_name} (0/{num_steps})", file=sys.stderr, flush=True)
 
@@ -123,7 +123,6 @@ def _progress_monitor(trt):
 def build_trt_engine(engine_dir: str | Path, progress: bool = True) -> dict:
     """Build and inspect `engine.plan` for an exported directory whose manifest has profiles.
     Returns the manifest additions (files, TensorRT version, SM count, inspection)."""
-    import onnx
     import torch
 
     trt = require_tensorrt()
@@ -133,8 +132,7 @@ def build_trt_engine(engine_dir: str | Path, progress: bool = True) -> dict:
     if not manifest.get("profiles"):
         raise TrtBuildError(f"{out}: the manifest has no profiles; export with step limits (g4rt build sets them)")
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    graph_path = tensorrt_graph(out, manifest, num_sms)
-    graph = onnx.load(str(graph_path), load_external_data=False)
+    graph_path, graph = tensorrt_graph(out, manifest, num_sms)
 
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)

@@ -75,11 +75,12 @@ def profile_shapes(profiles: dict, frame_elems: int) -> dict[str, tuple]:
     return {name: tuple(input_shape(name, p) for p in points) for name in INPUTS}
 
 
-def step_sizes(shapes: dict[str, tuple]) -> dict[str, int]:
-    """Symbol sizes of one step, read from its input shapes (name -> shape) through the contract."""
+def step_sizes(feeds: dict) -> dict[str, int]:
+    """Symbol sizes of one step, read through the contract from the shapes of its inputs (name ->
+    tensor or array: every engine's feeds and the golden steps)."""
     sizes = {}
     for name, dims in INPUTS.items():
-        for dim, n in zip(dims, shapes[name]):
+        for dim, n in zip(dims, feeds[name].shape):
             sym, plus = dim_symbol(dim)
             if sym in SYMBOLS:
                 sizes.setdefault(sym, int(n) - plus)

@@ -47,7 +47,7 @@ def _param(name: str, type_str: str, doc: str = ""):
 
 
 def _page_attrs() -> list:
-    """Where a layer's K/V blocks sit in a frame: both ops address the arena the same way."""
+    """Where a layer's K/V blocks sit in a frame: both arena ops address it the same way."""
     return [
         _attr("k_offset", "INT", "element offset of the layer's K block inside a frame"),
         _attr("v_offset", "INT", "element offset of the layer's V block inside a frame"),
@@ -55,12 +55,11 @@ def _page_attrs() -> list:
     ]
 
 
-def _plugin_schema(name: str, doc: str, inputs, outputs, attributes, arena: bool = True, types=_TYPES):
-    """A plugin op of domain `gemma4`, carrying the plugin attributes TensorRT's parser matches on; the
-    `arena` ops also address the arena by layer offsets."""
+def _plugin_schema(name: str, doc: str, inputs, outputs, attributes, types=_TYPES):
+    """A plugin op of domain `gemma4`, carrying the plugin attributes TensorRT's parser matches on."""
     from onnx.defs import OpSchema
     return OpSchema(name, DOMAIN, OPSET_VERSION, doc=doc, inputs=inputs, outputs=outputs, type_constraints=types,
-                    attributes=[*(_page_attrs() if arena else []), *attributes, *_plugin_attrs()])
+                    attributes=[*attributes, *_plugin_attrs()])
 
 
 def paged_attention_schema():
@@ -77,6 +76,7 @@ def paged_attention_schema():
         ],
         outputs=[_param("out", "T", "[T, num_q_heads, head_dim]")],
         attributes=[
+            *_page_attrs(),
             _attr("num_kv_heads", "INT", "KV heads of this layer"),
             _attr("head_dim", "INT", "head dim (256 sliding / 512 full on Gemma 4)"),
             _attr("window_left", "INT", "inclusive left distance (W-1); -1 = no window"),
@@ -96,7 +96,7 @@ def kv_write_schema():
             _param("slots", "I", "[T] frame * page_size + offset; -1 writes nothing"),
         ],
         outputs=[_param("arena_out", "T", "the updated arena (TensorRT aliases it to `arena`)")],
-        attributes=[],
+        attributes=_page_attrs(),
     )
 
 
@@ -112,7 +112,7 @@ def moe_schema():
             _param("down", "T", "[E, H, I]"),
         ],
         outputs=[_param("out", "T", "[T, H]")],
-        attributes=[], arena=False,
+        attributes=[],
         types=[("T", _FLOATS, "model dtype"), ("K", ["tensor(int32)", "tensor(int64)"], "expert ids"),
                ("W", _FLOATS, "router weights (float32)")],
     )

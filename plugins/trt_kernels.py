@@ -21,6 +21,7 @@ tests check it equals decode_splits over a range of batches and widths.
 from __future__ import annotations
 
 import builtins
+from typing import NamedTuple
 
 import triton
 import triton.language as tl
@@ -61,6 +62,8 @@ def attention_abi(q, arena, cu_q, kv_lens, table, first, window_left, k_offset, 
 
 @triton.jit
 def combine_abi(out_in, ws_acc, ws_ml, kv_lens, table, num_splits, out, D: tl.constexpr, BLOCK_S: tl.constexpr):
+    # The ABI passes every input of the plugin: out_in (the buffer `out` aliases), kv_lens and table
+    # (the split rule's shapes) are parameters only so the arguments line up.
     if num_splits > 1:
         _combine_kernel(ws_acc, ws_ml, out, num_splits, D, BLOCK_S)
 
@@ -183,21 +186,15 @@ def kv_write_block(width: int) -> int:
 
 # ---- compiling the wrappers to PTX (what aot_impl hands TensorRT) ------------------------------
 TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-H200_SMEM_BYTES = 232448  # 227 KB of shared memory per block on sm_90 (the opt-in maximum)
 
 
-class Compiled(tuple):
-    """(kernel name, PTX, threads per block, shared memory bytes) of one compiled wrapper."""
+class Compiled(NamedTuple):
+    """One compiled wrapper: what aot_impl returns to TensorRT and the launch parameters it needs."""
 
-    __slots__ = ()
-
-    def __new__(cls, name: str, ptx: str, threads: int, shared: int):
-        return super().__new__(cls, (name, ptx, threads, shared))
-
-    name = property(lambda self: self[0])
-    ptx = property(lambda self: self[1])
-    threads = property(lambda self: self[2])
-    shared = property(lambda self: self[3])
+    name: str
+    ptx: str
+    threads: int  # per block
+    shared: int  # shared memory bytes per block
 
 
 def _compile(fn, signature: dict, constexprs: dict, target=None, **options) -> Compiled:

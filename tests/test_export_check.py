@@ -102,7 +102,7 @@ def test_goldens_cover_prefill_mixed_decode(exported):
     _, out = exported
     from polygraphy.json import load_json
     feeds = load_json(str(out / INPUTS_FILE))
-    shapes = [step_sizes({k: v.shape for k, v in f.items()}) for f in feeds]
+    shapes = [step_sizes(f) for f in feeds]
     assert [(s["tokens"], s["seqs"]) for s in shapes] == [(2 * PAGE + 3, 1), (PAGE + 2, 2), (2, 2)]
     # Decode reads the KV the earlier steps wrote; the oldest sliding page left the window (W = 8).
     assert feeds[2]["sliding_first"][0] >= 1 and feeds[2]["arena"].any()
@@ -228,7 +228,9 @@ def test_tensorrt_graph_splits_attention_and_refuses_unknown_ops(exported, tmp_p
     geometry = mf.manifest_geometry(manifest)
     manifest["profiles"] = derive_profiles(StepLimits(64, 32, 8, 40, 1000), geometry)
     original = onnx.load(str(dst / MODEL_FILE), load_external_data=False)
-    graph = onnx.load(str(tensorrt_graph(dst, manifest, num_sms=132)), load_external_data=False)
+    path, in_memory = tensorrt_graph(dst, manifest, num_sms=132)
+    graph = onnx.load(str(path), load_external_data=False)
+    assert graph == in_memory
     before, after = custom_nodes(original), custom_nodes(graph)
     n = before.pop("G4PagedAttention")
     assert after == {**before, SPLIT_ATTENTION: n, SPLIT_COMBINE: n}

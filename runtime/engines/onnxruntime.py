@@ -89,7 +89,7 @@ class OrtEngine:
         feeds = {"arena": self.arena.tensor.numpy()}
         feeds.update((name, t.cpu().numpy()) for name, t in zip(StepBatch.names(), batch.tensors()))
         if self.profiles:
-            check_step(self.profiles, step_sizes({k: v.shape for k, v in feeds.items()}))
+            check_step(self.profiles, step_sizes(feeds))
         logits, arena_out = self.session.run(list(OUTPUTS), feeds)
         self.arena.tensor = torch.from_numpy(arena_out)
         return torch.from_numpy(logits)

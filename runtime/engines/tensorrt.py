@@ -68,7 +68,7 @@ class TrtEngine:
         dev = self.arena.device
         b = batch.to(dev)
         tensors = {"arena": self.arena.tensor, **dict(zip(StepBatch.names(), b.tensors()))}
-        check_step(self.profiles, step_sizes({k: tuple(t.shape) for k, t in tensors.items()}))
+        check_step(self.profiles, step_sizes(tensors))
         for name, t in tensors.items():
             t = t.contiguous()
             tensors[name] = t
