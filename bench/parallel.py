@@ -18,6 +18,7 @@ On CPU (`--device cpu`, e.g. a tiny config directory) the same code runs over gl
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -26,9 +27,7 @@ import torch
 from g4rt.models.checkpoint import random_model
 from g4rt.models.parallel import ParallelGemma4Model
 from g4rt.runtime.admission import promise_for
-from g4rt.runtime.arena import Arena
-from g4rt.runtime.engines.eager import EagerEngine
-from g4rt.runtime.engines.parallel import ParallelEngine, RankSpec
+from g4rt.runtime.engines.parallel import ParallelEngine, RankSpec, engine_for
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.scheduler import SchedulerConfig
 
@@ -43,12 +42,7 @@ def open_arm(spec: RankSpec):
     """One arm's engine: the plain one-GPU engine at TP1, else ParallelEngine."""
     if spec.tensor_parallel > 1:
         return ParallelEngine(spec)
-    model = random_model(spec.config(), spec.weights_dtype(), spec.rank_device(0), SEED, init=INIT)
-    geometry = spec.geometry()
-    if spec.backend == "inductor":
-        from g4rt.runtime.engines.inductor import InductorEngine
-        return InductorEngine(model, geometry, spec.num_frames, spec.compile_mode, spec.compile_scope)
-    return EagerEngine(model, geometry, Arena.for_geometry(geometry, spec.num_frames, spec.rank_device(0)))
+    return engine_for(spec, random_model(spec.config(), spec.weights_dtype(), spec.rank_device(0), SEED, init=INIT))
 
 
 def tp1_tokens(path: Path, key: dict) -> list | None:
@@ -88,11 +82,9 @@ def main(argv=None) -> None:
     ceil = ceilings(quick=False) if cuda else None  # before any weights take the memory
     probe = RankSpec(a.config, a.tensor_parallel, 1, dtype=a.dtype, device=a.device, backend=a.backend,
                      random_seed=SEED, init=INIT)
-    geometry = probe.geometry()
     chunk = max(a.prompt_len, 256)
-    frames = max(batches) * promise_for(geometry, a.prompt_len, a.new_tokens, chunk).frames
-    spec = RankSpec(a.config, a.tensor_parallel, frames, dtype=a.dtype, device=a.device, backend=a.backend,
-                    random_seed=SEED, init=INIT)
+    frames = max(batches) * promise_for(probe.geometry(), a.prompt_len, a.new_tokens, chunk).frames
+    spec = dataclasses.replace(probe, num_frames=frames)
     # The shapes one rank holds (on the meta device): what the roofline counts.
     model = ParallelGemma4Model(spec.config(), spec.tensor_parallel, 0, dtype=spec.weights_dtype(), device="meta")
     engine = open_arm(spec)

@@ -49,7 +49,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from g4rt.models.checkpoint import hf_config_dict, random_model
+from g4rt.models.checkpoint import INITS, hf_config_dict, random_model
 from g4rt.models.config import PUBLISHED, load_config
 from g4rt.models.layout import KVLayout, PageGeometry
 from g4rt.plugins.ops import check_kernels
@@ -355,11 +355,13 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
         diff = first_difference(arm["tokens"], path)
         m = n if diff is None else diff + 1
         rows = arm["rows"][:m].to(oracle.device)
-        err = rel_err(rows, oracle[:m])
-        # Per row, so an error carried by one row (e.g. one token routed to another expert) shows as such.
+        # Per row, so an error carried by one row (e.g. one token routed to another expert) shows as such;
+        # their max is `rel_err` of all the rows.
         row_errs = ((rows.double() - oracle[:m]).abs().amax(-1) / oracle[:m].abs().max()).tolist()
-        r.update({"err_vs_fp64": err, "row_errs": [float(f"{e:.3g}") for e in row_errs], "hf32_err_vs_fp64": hf32_err, "ratio": round(err / hf32_err, 2),
-                  "factor": s.factor, "rows_compared": m, "first_difference_at": diff,
+        err = max(row_errs)
+        r.update({"err_vs_fp64": err, "row_errs": [float(f"{e:.3g}") for e in row_errs], "hf32_err_vs_fp64": hf32_err,
+                  "ratio": round(err / hf32_err, 2), "factor": s.factor, "rows_compared": m,
+                  "first_difference_at": diff,
                   "tokens_equal_hf32_greedy": arm["tokens"] == path == hf32_argmax,
                   "pass": diff is None and err <= s.factor * hf32_err,
                   **{k: arm[k] for k in ("compiled_graphs",) if k in arm}})
@@ -372,16 +374,17 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--sizes", default=",".join(PUBLISHED), help="published sizes or config.json paths")
-    ap.add_argument("--engines", default="eager,inductor")
-    ap.add_argument("--kernels", default="triton,reference")
-    ap.add_argument("--init", default="deep", choices=["deep", "default"])
-    ap.add_argument("--decode", type=int, default=32, help="decode steps after the prompt")
-    ap.add_argument("--extra", type=int, default=300, help="prompt length beyond two sliding windows")
-    ap.add_argument("--chunk", type=int, default=512, help="prefill chunk")
-    ap.add_argument("--factor", type=float, default=4.0, help="pass: error <= factor x HF-fp32's error")
+    d = Settings()
+    ap.add_argument("--engines", default=",".join(d.engines))
+    ap.add_argument("--kernels", default=",".join(d.kernels))
+    ap.add_argument("--init", default=d.init, choices=INITS)
+    ap.add_argument("--decode", type=int, default=d.decode, help="decode steps after the prompt")
+    ap.add_argument("--extra", type=int, default=d.extra, help="prompt length beyond two sliding windows")
+    ap.add_argument("--chunk", type=int, default=d.chunk, help="prefill chunk")
+    ap.add_argument("--factor", type=float, default=d.factor, help="pass: error <= factor x HF-fp32's error")
     ap.add_argument("--break-window", action="store_true", help="our engines use window W-1: must fail")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--device", default=d.device)
     a = ap.parse_args(argv)
     engines, kernels = tuple(a.engines.split(",")), tuple(a.kernels.split(","))
     bad = set(engines) - {"eager", "inductor"}
@@ -402,11 +405,12 @@ def main(argv=None) -> int:
         return 0 if not any(codes.values()) else 1
     torch.set_float32_matmul_precision("highest")  # no TF32: fp32 means fp32, for us and for HF
     torch.backends.cudnn.allow_tf32 = False
-    s = Settings(engines, kernels, a.init, a.decode, a.extra, a.chunk, a.factor, a.break_window, a.seed, a.device)
+    s = Settings(engines, kernels, init=a.init, decode=a.decode, extra=a.extra, chunk=a.chunk, factor=a.factor,
+                 break_window=a.break_window, seed=a.seed, device=a.device)
     import transformers
     log({"stage": "setup", "torch": torch.__version__, "transformers": transformers.__version__,
          "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "tf32": False,
-         **{k: v for k, v in dataclasses.asdict(s).items()}})
+         **dataclasses.asdict(s)})
     (name,) = sizes
     try:
         records = check_size(load_config(name), name, s, log)

@@ -113,26 +113,48 @@ def plan_load(cfg: Gemma4Config, files: dict[str, Path], expected: dict[str, tup
     return plan, lm_head
 
 
+def model_shapes(cfg: Gemma4Config) -> dict[str, torch.Size]:
+    """Every tensor of `Gemma4Model(cfg)` by name, in state-dict order, with its shape."""
+    return {k: v.shape for k, v in Gemma4Model(cfg, device="meta").state_dict().items()}
+
+
+def _allocate(model: Gemma4Model, device) -> dict[str, torch.Tensor]:
+    """Allocate a meta-device model once on `device`; its tensors by name, to be filled in place."""
+    model.to_empty(device=device)
+    model.reset_rope()
+    return dict(model.state_dict(keep_vars=True))
+
+
 @torch.no_grad()
 def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu",
                kernels: str | None = None) -> Gemma4Model:
     """Build a `Gemma4Model` for `ckpt_dir/config.json` and fill it from the safetensors in `ckpt_dir`.
     `model.config` is the parsed `Gemma4Config`; `kernels` as `Gemma4Model` takes it."""
-    ckpt_dir = Path(ckpt_dir)
     cfg = load_config(ckpt_dir)
-    model = Gemma4Model(cfg, dtype=to_dtype(dtype, cfg), device="meta")
-    targets = dict(model.state_dict(keep_vars=True))
-    plan, lm_head = plan_load(cfg, checkpoint_files(ckpt_dir), {k: tuple(v.shape) for k, v in targets.items()})
-    model.to_empty(device=device)
-    model.reset_rope()
-    targets = dict(model.state_dict(keep_vars=True))
+    return load_into(Gemma4Model(cfg, dtype=to_dtype(dtype, cfg), device="meta"), cfg, ckpt_dir, device, kernels)
+
+
+@torch.no_grad()
+def load_into(model: Gemma4Model, cfg: Gemma4Config, ckpt_dir: str | Path, device, kernels: str | None,
+              take=None) -> Gemma4Model:
+    """Fill `model`, built on the meta device, from the checkpoint of `cfg` in `ckpt_dir`. Names and
+    full shapes are checked from the headers before `model` is allocated on `device`. `take(name, t)`
+    is the part of the full tensor `t` (a safetensors slice, which then reads only that part) that
+    `model` holds: a tensor-parallel rank's (models/parallel.py); default the whole tensor."""
+    ckpt_dir = Path(ckpt_dir)
+    plan, lm_head = plan_load(cfg, checkpoint_files(ckpt_dir), model_shapes(cfg))
+    targets = _allocate(model, device)
+
+    def read(f, key, name):
+        return f.get_tensor(key) if take is None else take(name, f.get_slice(key))
+
     for path, names in _by_file(plan).items():
         with safe_open(path, framework="pt") as f:
             for name in names:
-                targets[name].copy_(f.get_tensor(plan[name][1]))
+                targets[name].copy_(read(f, plan[name][1], name))
     if lm_head is not None:
         with safe_open(lm_head[0], framework="pt") as f:
-            head = f.get_tensor(lm_head[1])
+            head = read(f, lm_head[1], "embed_tokens.weight")
         if head.shape != model.embed_tokens.weight.shape or not torch.equal(
                 head.to(model.embed_tokens.weight), model.embed_tokens.weight):
             raise CheckpointError("lm_head.weight: stored, but differs from embed_tokens.weight (config says tied)")
@@ -182,7 +204,7 @@ def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Gen
         return torch.rand(shape, generator=g, device=g.device) * (hi - lo) + lo
 
     leaf = name.rsplit(".", 1)[-1]
-    if check_init(init) == "deep":
+    if init == "deep":
         if name.endswith("layer_scalar"):
             return uniform(0.97, 1.03)
         if name.endswith(BRANCH_NORMS):
@@ -223,12 +245,12 @@ def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 
                             init: str = "default") -> Path:
     """Write config.json + model.safetensors (HF text-only layout, names under `model.`) with seeded
     random weights. Deterministic for a given (cfg, seed, dtype, init). Meant for small configs."""
+    check_init(init)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     g = torch.Generator().manual_seed(seed)
-    shapes = Gemma4Model(cfg, dtype=torch.float32, device="meta").state_dict()
-    tensors = {f"model.{name}": _random_tensor(name, t.shape, cfg, g, init).to(torch_dtype(dtype)).contiguous()
-               for name, t in shapes.items()}
+    tensors = {f"model.{name}": _random_tensor(name, shape, cfg, g, init).to(torch_dtype(dtype)).contiguous()
+               for name, shape in model_shapes(cfg).items()}
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(hf_config_dict(cfg, dtype), indent=2) + "\n")
     return out
@@ -240,11 +262,19 @@ def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=
     """A model with seeded random weights drawn directly on `device` (same init rules as
     `write_random_checkpoint`). GPU benchmarks of the published sizes use it: a 31B checkpoint file
     would be 61 GB written and read back for nothing."""
+    return random_into(Gemma4Model(cfg, dtype=dtype, device="meta"), cfg, device, seed, kernels, init)
+
+
+@torch.no_grad()
+def random_into(model: Gemma4Model, cfg: Gemma4Config, device, seed: int, kernels: str | None, init: str,
+                take=None) -> Gemma4Model:
+    """Fill `model`, built on the meta device, with `random_model(cfg, ..., seed, init=init)`'s values:
+    every full tensor drawn in order from one generator on `device`, one at a time, then `take(name, t)`
+    of it (the part `model` holds, as for `load_into`; default the whole)."""
     check_init(init)
-    model = Gemma4Model(cfg, dtype=dtype, device="meta")
-    model.to_empty(device=device)
-    model.reset_rope()
+    targets = _allocate(model, device)
     g = torch.Generator(device=device).manual_seed(seed)
-    for name, t in model.state_dict(keep_vars=True).items():
-        t.copy_(_random_tensor(name, t.shape, cfg, g, init))
+    for name, shape in model_shapes(cfg).items():
+        whole = _random_tensor(name, shape, cfg, g, init)
+        targets[name].copy_(whole if take is None else take(name, whole))
     return _ready(model, device, kernels)

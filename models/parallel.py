@@ -37,11 +37,9 @@ import torch
 import torch.distributed as dist
 import torch.distributed._functional_collectives as funcol
 import torch.nn.functional as F
-from safetensors import safe_open
 from torch import nn
 
-from .checkpoint import CheckpointError, _by_file, _random_tensor, _ready, check_init, checkpoint_files, plan_load, \
-    to_dtype
+from .checkpoint import load_into, model_shapes, random_into, to_dtype
 from .config import Gemma4Config, load_config
 from .layout import KVLayout
 from .model import Experts, Gemma4Model
@@ -196,7 +194,7 @@ class ParallelExperts(Experts):
 class ParallelGemma4Model(Gemma4Model):
     """Rank `rank` of `tp`: `Gemma4Model(rank_config(cfg, tp))` with o_proj / down_proj row-parallel,
     the experts' sums reduced, the embeddings vocab-parallel and the logits gathered. `config` is the
-    rank's config (its layout is the rank's KV layout); `full_config` is the model's."""
+    rank's config (its layout is the rank's KV layout)."""
 
     def __init__(self, cfg: Gemma4Config, tp: int, rank: int, dtype: torch.dtype = torch.bfloat16, device=None,
                  kernels: str | None = None):
@@ -204,7 +202,7 @@ class ParallelGemma4Model(Gemma4Model):
             raise ParallelError(f"rank {rank} is not in [0, {tp})")
         local = rank_config(cfg, tp)
         super().__init__(local, dtype=dtype, device=device, kernels=kernels)
-        self.full_config, self.tp, self.rank = cfg, tp, rank
+        self.tp, self.rank = tp, rank
         H = cfg.hidden_size
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, H, tp, rank, dtype, device)
         if cfg.has_ple:
@@ -227,66 +225,39 @@ class ParallelGemma4Model(Gemma4Model):
 
 # ---- loading ----------------------------------------------------------------------------------------
 
-def _empty_rank_model(cfg: Gemma4Config, tp: int, rank: int, dtype: torch.dtype, device) -> ParallelGemma4Model:
+def _rank_model(cfg: Gemma4Config, tp: int, rank: int, dtype: torch.dtype):
+    """Rank `rank`'s model on the meta device and `take(name, t)`, its part of a full tensor `t` (a tensor
+    or a safetensors slice), after checking each of its tensors has the shape the shard plan gives it."""
     model = ParallelGemma4Model(cfg, tp, rank, dtype=dtype, device="meta")
-    model.to_empty(device=device)
-    model.reset_rope()
-    return model
-
-
-def _check_shapes(model: ParallelGemma4Model, plan: dict, full: dict[str, tuple[int, ...]]) -> dict:
-    """The rank model's tensors by name, after checking each has the shape the plan slices give it."""
-    targets = dict(model.state_dict(keep_vars=True))
-    for name, t in targets.items():
+    plan = shard_plan(cfg, tp, rank)
+    full = model_shapes(cfg)
+    for name, t in model.state_dict().items():
         shape = list(full[name])
         if name in plan:
             dim, ranges = plan[name]
             shape[dim] = sum(len(r) for r in ranges)
         if tuple(t.shape) != tuple(shape):
             raise ParallelError(f"{name}: the rank model holds {tuple(t.shape)}, the shard plan gives {tuple(shape)}")
-    return targets
+
+    def take(name: str, t):
+        return take_shard(t, *plan[name]) if name in plan else t[...]
+    return model, take
 
 
-@torch.no_grad()
 def load_rank_model(ckpt_dir: str | Path, tp: int, rank: int, dtype: str | torch.dtype | None = None,
                     device="cpu", kernels: str | None = None) -> ParallelGemma4Model:
-    """Rank `rank`'s model read from a checkpoint directory: each tensor's rank slice is read through
-    safetensors' `get_slice` (only those bytes), replicated tensors whole. Names and full shapes are
-    checked from the headers first (`checkpoint.plan_load`), as for one GPU."""
-    ckpt_dir = Path(ckpt_dir)
+    """Rank `rank`'s model read from a checkpoint directory by `checkpoint.load_into`: names and full
+    shapes checked from the headers as for one GPU, then each tensor's rank slice read through
+    safetensors' `get_slice` (only those bytes), replicated tensors whole."""
     cfg = load_config(ckpt_dir)
-    dtype = to_dtype(dtype, cfg)
-    full = {k: tuple(v.shape) for k, v in Gemma4Model(cfg, dtype=dtype, device="meta").state_dict().items()}
-    names, lm_head = plan_load(cfg, checkpoint_files(ckpt_dir), full)
-    model = _empty_rank_model(cfg, tp, rank, dtype, device)
-    plan = shard_plan(cfg, tp, rank)
-    targets = _check_shapes(model, plan, full)
-    for path, group in _by_file(names).items():
-        with safe_open(path, framework="pt") as f:
-            for name in group:
-                key = names[name][1]
-                targets[name].copy_(take_shard(f.get_slice(key), *plan[name]) if name in plan else f.get_tensor(key))
-    if lm_head is not None:
-        with safe_open(lm_head[0], framework="pt") as f:
-            head = take_shard(f.get_slice(lm_head[1]), *plan["embed_tokens.weight"])
-        if not torch.equal(head.to(model.embed_tokens.weight), model.embed_tokens.weight):
-            raise CheckpointError("lm_head.weight: stored, but differs from embed_tokens.weight (config says tied)")
-    return _ready(model, device, kernels)
+    model, take = _rank_model(cfg, tp, rank, to_dtype(dtype, cfg))
+    return load_into(model, cfg, ckpt_dir, device, kernels, take)
 
 
-@torch.no_grad()
 def random_rank_model(cfg: Gemma4Config, tp: int, rank: int, dtype: torch.dtype = torch.bfloat16, device="cpu",
                       seed: int = 0, kernels: str | None = None, init: str = "default") -> ParallelGemma4Model:
-    """Rank `rank`'s slices of `checkpoint.random_model(cfg, ..., seed)`, bit for bit: every full tensor
-    is drawn in the same order from the same generator, then sliced (one full tensor at a time on the
-    device). GPU benchmarks of the published sizes use it."""
-    check_init(init)
-    model = _empty_rank_model(cfg, tp, rank, dtype, device)
-    plan = shard_plan(cfg, tp, rank)
-    full = Gemma4Model(cfg, dtype=dtype, device="meta").state_dict()
-    targets = _check_shapes(model, plan, {k: tuple(v.shape) for k, v in full.items()})
-    g = torch.Generator(device=device).manual_seed(seed)
-    for name, t in full.items():
-        whole = _random_tensor(name, t.shape, cfg, g, init).to(dtype)
-        targets[name].copy_(take_shard(whole, *plan[name]) if name in plan else whole)
-    return _ready(model, device, kernels)
+    """Rank `rank`'s slices of `checkpoint.random_model(cfg, ..., seed)`, bit for bit (`random_into`:
+    every full tensor drawn in the same order from the same generator, then sliced, one at a time on
+    the device). GPU benchmarks of the published sizes use it."""
+    model, take = _rank_model(cfg, tp, rank, dtype)
+    return random_into(model, cfg, device, seed, kernels, init, take)

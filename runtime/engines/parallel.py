@@ -111,11 +111,17 @@ def build_rank_engine(spec: RankSpec, rank: int):
     else:
         model = random_rank_model(spec.config(), tp, rank, spec.weights_dtype(), device, spec.random_seed,
                                   spec.kernels, spec.init)
+    return engine_for(spec, model)
+
+
+def engine_for(spec: RankSpec, model):
+    """`spec.backend`'s engine over `model` (on its device), with an arena of `spec.num_frames` frames of
+    the model's geometry."""
     geometry = PageGeometry.build(model.layout, spec.page_tokens)
     if spec.backend == "inductor":
         from .inductor import InductorEngine
         return InductorEngine(model, geometry, spec.num_frames, spec.compile_mode, spec.compile_scope)
-    return EagerEngine(model, geometry, Arena.for_geometry(geometry, spec.num_frames, device))
+    return EagerEngine(model, geometry, Arena.for_geometry(geometry, spec.num_frames, next(model.parameters()).device))
 
 
 def _join_group(spec: RankSpec, rank: int, store: dist.Store) -> torch.device:
