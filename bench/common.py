@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+
 def sync() -> None:
     """Wait for the GPU, so wall-clock times cover the work (a no-op on CPU)."""
     if torch.cuda.is_available():

@@ -39,16 +39,14 @@ from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
 from g4rt.models.layout import PageGeometry
 from g4rt.models.paged import PagedStep
+from g4rt.plugins.buckets import pow2_bucket
 from g4rt.runtime.admission import promise_for
 from g4rt.runtime.engines.inductor import ArenaStep, InductorEngine
 from g4rt.runtime.llm import LLM
-from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.sampling import BatchSampler, SamplingParams, SamplingRows
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
-from g4rt.plugins.buckets import pow2_bucket
-from g4rt.runtime.sampling import BatchSampler, SamplingRows
-
 from .common import ceilings, log_json, sync
 
 
@@ -185,8 +183,6 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V.
     `matmul_bytes`: the weight bytes the cuBLAS matmuls read, where other kernels read the rest (a
     mixture-of-experts model's experts); default `weight_bytes`."""
-
-
     key = next(k for k in engine._graphs if k[0] == batch)
     graph, _, inputs = engine._graphs[key]
     static = inputs.views
@@ -264,7 +260,7 @@ def first_differences(tokens, reference) -> list:
 
 def _graph_of(engine, batch: int):
     """(key, graph) of the widest decode graph captured for `batch`'s bucket, or (None, None)."""
-    keys = [k for k in getattr(engine, "_graphs", {}) if k[0] == pow2_bucket(batch)]
+    keys = [k for k in engine._graphs if k[0] == pow2_bucket(batch)]
     return (max(keys), engine._graphs[max(keys)][0]) if keys else (None, None)
 
 
@@ -294,7 +290,7 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
         for overlap in (True, False):
             llm.overlap = overlap
             llm.step()  # the loop settles into this arm's pattern
-            captured = len(getattr(engine, "_graphs", {}))
+            captured = len(engine._graphs)
             walls = []
             for _ in range(window):
                 t = time.perf_counter()
@@ -311,7 +307,7 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
                         "wall_over_replay": None if replay is None else round(wall / replay, 3),
                         "tok_s_total": round(batch / wall * 1e3, 1), "of_roofline": round(r["roofline_step_ms"] / wall, 3),
                         "graph_key": key and list(key),
-                        "captures_in_window": len(getattr(engine, "_graphs", {})) - captured, **r})
+                        "captures_in_window": len(engine._graphs) - captured, **r})
     for i in ids:
         llm.cancel(i)
     while llm.has_unfinished():
@@ -464,7 +460,7 @@ def main(argv=None) -> int:
     ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
     ap.add_argument("--skip-hf", action="store_true")
     ap.add_argument("--matmuls", action="store_true",
-                    help="only time decode's matmuls role by role and layout by layout (export.bench.matmul_roles)")
+                    help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
     ap.add_argument("--profile", action="store_true",
                     help="after each inductor run: graph replay time and per-kernel time of one decode step")
     ap.add_argument("--runtime-checks", action="store_true", help="also run bench/runtime.py's equality check")

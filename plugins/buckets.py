@@ -8,7 +8,5 @@ from __future__ import annotations
 
 
 def pow2_bucket(n: int) -> int:
-    """The smallest power of two >= n (1 for n <= 1). CUDA-graph decode pads batch size and table widths
-    to these buckets, and the decode kernel picks its split count from them, so a padded replay and an
-    eager step sum in the same order."""
+    """The smallest power of two >= n (1 for n <= 1)."""
     return 1 << max(0, n - 1).bit_length()

@@ -203,16 +203,16 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
     From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
-    2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355
-    TFLOP/s (51 % of the bf16 matmul rate; 0.73 ms, the same tile masked everywhere took 0.84 ms in an
-    earlier session). D=512: 128x64/8 warps/1 stage with the output columns cut in two (dv_split 2)
-    and every tile masked 190 TFLOP/s (28 %), the best tried; at this head dim the unmasked interior
-    makes the kernel slower, not faster (64x32: 25.5 ms with it, 14.8 ms without), so D=512 prefill
-    keeps one masked loop (decode keeps the split: the engine's decode steps were measured with it,
-    export/results). Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and
-    32 (D=512). fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles
-    are halved and D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the
-    H200's 227 KB. Untimed; chosen to fit."""
+    2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355 TFLOP/s
+    (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
+    plugins/results/results.md). D=512: 128x64/8 warps/1 stage with the output columns cut in two
+    (dv_split 2) and every tile masked 190 TFLOP/s (28 %), the best tried; at this head dim the unmasked
+    interior makes the kernel slower, not faster (64x32: 25.5 ms with it, 14.8 ms without), so D=512
+    prefill keeps one masked loop (decode keeps the interior: the engine's decode steps were measured with
+    it, export/results). Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
+    fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
+    D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
+    Untimed; chosen to fit."""
     if decode:
         cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 128:

@@ -21,11 +21,11 @@ import torch
 from g4rt.models.layout import PageGeometry
 
 from .arena import Arena, frames_in_budget
-from .engines import Engine, Feed
+from .engines import Engine, Feed, to_device
 from .engines.eager import EagerEngine, LinearEngine
 from .pages import FramePool
 from .sampling import BatchSampler, SamplingParams
-from .scheduler import ScheduledStep, Scheduler, SchedulerConfig, Sequence
+from .scheduler import ScheduledStep, Scheduler, SchedulerConfig
 
 
 @dataclass
@@ -56,13 +56,14 @@ class _Launched:
     host: torch.Tensor  # int64 [rows] on the host (pinned on CUDA)
     done: torch.cuda.Event | None  # None on CPU: the copy is complete when it returns
     logits: torch.Tensor | None = None  # the step's logits rows on the host, when recorded
-    logprobs: tuple | None = None  # (rows, chosen, top values, top ids) on the device, when requested
+    logprobs: tuple | None = None  # (rows, chosen, top values, top ids) on the host, when requested
 
 
-def _on_device(values: list[int], device: torch.device) -> torch.Tensor:
-    """A small int64 host list on `device`, copied from pinned memory on CUDA (so it does not wait)."""
-    t = torch.tensor(values, dtype=torch.int64)
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """`t` copied to the host without waiting (into pinned memory on CUDA): read it once the step's
+    event has completed."""
+    cuda = t.device.type == "cuda"
+    return torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda).copy_(t, non_blocking=cuda)
 
 
 class LLM:
@@ -85,7 +86,6 @@ class LLM:
         self.sampler = BatchSampler()
         self._launched: deque[_Launched] = deque()
         self._logits: dict[int, list[torch.Tensor]] = {}
-        self._pending: dict[int, Sequence] = {}
         self._logprobs: dict[int, tuple[int, list]] = {}  # request id -> (top n, entries so far)
 
     # ---- constructors ------------------------------------------------------------------------
@@ -123,7 +123,6 @@ class LLM:
         if logprobs is not None:
             self._logprobs[seq.seq_id] = (logprobs, [])
         self._logits[seq.seq_id] = []
-        self._pending[seq.seq_id] = seq
         return seq.seq_id
 
     def cancel(self, request_id: int) -> None:
@@ -155,36 +154,36 @@ class LLM:
         try:
             if step.feed_index:
                 prev = self._launched[-1]  # the step whose ids the placeholders are (scheduler.py)
-                dev = prev.tokens.device
-                feed = Feed(_on_device(step.feed_index, dev), prev.tokens[_on_device(step.feed_rows, dev)])
-                logits = self.engine.step(step.batch, step.seq_ids, feed=feed)
+                f = len(step.feed_index)
+                index = to_device(torch.tensor(step.feed_index + step.feed_rows), prev.tokens.device)  # one copy
+                logits = self.engine.step(step.batch, step.seq_ids, feed=Feed(index[:f], prev.tokens[index[f:]]))
             else:
                 logits = self.engine.step(step.batch, step.seq_ids)
             tokens = self.sampler(logits, step.sampling)
-            cuda = tokens.device.type == "cuda"
-            host = torch.empty(tokens.shape, dtype=torch.int64, pin_memory=cuda)
-            host.copy_(tokens, non_blocking=cuda)
+            lps = self._queue_logprobs(step, logits, tokens)
+            host = _to_host(tokens)
             done = None
-            if cuda:
+            if tokens.device.type == "cuda":  # after every copy of this step, so commit waits for all
                 done = torch.cuda.Event()
                 done.record()
             kept = logits.float().cpu().clone() if self.record_logits else None
-            lps = self._logprobs_on_device(step, logits, tokens)
         except BaseException as e:
             self._fail(step, e)
             raise
         self._launched.append(_Launched(step, tokens, host, done, kept, lps))
 
-    def _logprobs_on_device(self, step: ScheduledStep, logits: torch.Tensor, tokens: torch.Tensor):
-        """Queue the log-probabilities of the rows whose requests asked for them (read at commit)."""
+    def _queue_logprobs(self, step: ScheduledStep, logits: torch.Tensor, tokens: torch.Tensor):
+        """Queue the log-probabilities of the rows whose requests asked for them, and their copies to
+        the host (read at commit, after the step's event: no wait for the step launched after it)."""
         rows = [i for i, seq in enumerate(step.sampled) if seq.seq_id in self._logprobs]
         if not rows:
             return None
-        idx = torch.tensor(rows, device=logits.device)
+        idx = to_device(torch.tensor(rows), logits.device)
         lp = torch.log_softmax(logits.index_select(0, idx).float(), dim=-1)
         k = max(self._logprobs[step.sampled[i].seq_id][0] for i in rows)
         top = lp.topk(k, dim=-1)
-        return rows, lp.gather(1, tokens.index_select(0, idx).view(-1, 1).long()).view(-1), top.values, top.indices
+        chosen = lp.gather(1, tokens.index_select(0, idx).view(-1, 1).long()).view(-1)
+        return rows, _to_host(chosen), _to_host(top.values), _to_host(top.indices)
 
     def token_logprobs(self, request_id: int) -> list[tuple[float, list[tuple[int, float]]]]:
         """(logprob, [(token id, logprob) of the n likeliest]) per committed token of a request added
@@ -192,7 +191,8 @@ class LLM:
         return self._logprobs.get(request_id, (0, []))[1]
 
     def _commit_oldest(self) -> None:
-        """Wait for the oldest launched step's ids (the step's one device-to-host copy) and commit them."""
+        """Wait for the oldest launched step's copies to the host (its ids, and log-probabilities where
+        asked) and commit them."""
         launched = self._launched.popleft()
         try:
             if launched.done is not None:
@@ -202,7 +202,8 @@ class LLM:
             self._fail(launched.step, e)
             raise
         if launched.logprobs is not None:
-            rows, chosen, values, ids = (x if isinstance(x, list) else x.tolist() for x in launched.logprobs)
+            rows, *host = launched.logprobs
+            chosen, values, ids = (x.tolist() for x in host)
             for j, i in enumerate(rows):
                 seq = launched.step.sampled[i]
                 if not seq.finished:
@@ -217,9 +218,8 @@ class LLM:
     def take_finished(self) -> list[RequestOutput]:
         """Outputs of requests that ended and were not yet handed out (each is handed out once)."""
         out = []
-        for rid, seq in list(self._pending.items()):
+        for rid, seq in list(self.scheduler.seqs.items()):  # every request not handed out yet
             if seq.finished:
-                del self._pending[rid]
                 self.engine.release(rid)
                 self.scheduler.forget(rid)
                 out.append(RequestOutput(

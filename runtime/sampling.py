@@ -9,8 +9,8 @@ Reproducible streams whatever else is in the batch: a request's draw for its `n`
 that is a pure function of (its seed, `n`, vocabulary index) -- a counter-based hash, not a stateful
 generator -- and every other step of the computation is per row. So the token a request samples
 depends only on its own logits row, seed and draw count, not on which requests share the step, their
-order, or the batch size (tests/test_runtime_sampling.py). (The logits must be equal too; engine.py
-says when they are.)
+order, or the batch size (tests/test_runtime_sampling.py). (The logits must be equal too;
+engines/eager.py says when they are.)
 
 How a row samples. Greedy rows (temperature 0) take the argmax (first index among ties). Sampling
 rows race: the token is argmax over the kept set of `logits / T + G` with `G = -log(-log u)` Gumbel
@@ -32,6 +32,8 @@ import random
 from dataclasses import dataclass
 
 import torch
+
+from .engines import to_device
 
 
 @dataclass(frozen=True)
@@ -58,10 +60,6 @@ class SamplingParams:
         if self.seed is not None and not isinstance(self.seed, int):
             raise ValueError(f"seed must be an integer or None, got {self.seed!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
 
 
 def request_seed(params: SamplingParams) -> int:
@@ -111,8 +109,8 @@ class SamplingRows:
     tokens it sampled before this one), int64 [5, R]. Temperature 0 is greedy; top_k 0 and top_p 1
     disable those filters."""
 
-    def __init__(self, temperature, top_k, top_p, seeds, counters, pin: bool = False):
-        self.pack = torch.empty((5, len(temperature)), dtype=torch.int64, pin_memory=pin)
+    def __init__(self, temperature, top_k, top_p, seeds, counters):
+        self.pack = torch.empty((5, len(temperature)), dtype=torch.int64)
         floats = self.pack[:2].view(torch.float64)
         floats[0] = torch.as_tensor(temperature, dtype=torch.float64)
         floats[1] = torch.as_tensor(top_p, dtype=torch.float64)
@@ -174,10 +172,10 @@ class BatchSampler:
         if not groups:
             return out
         dev = logits.device
-        pack = rows.pack.to(dev, non_blocking=True)
+        pack = to_device(rows.pack, dev)
         floats = pack[:2].view(torch.float64)
         for width, members in groups.items():
-            sel = members.to(dev, non_blocking=True)
+            sel = to_device(members, dev)
             temp, top_p = floats[0, sel].float(), floats[1, sel]
             top_k, seeds, counters = pack[2, sel], pack[3, sel], pack[4, sel]
             scores = logits.index_select(0, sel).float() / temp[:, None]

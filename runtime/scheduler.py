@@ -110,7 +110,6 @@ class ScheduledStep:
 
     batch: StepBatch
     seqs: list[Sequence]  # batch order
-    counts: list[int]  # tokens each sequence computes
     sampled: list[Sequence]  # sequences owning logits_rows, in row order
     sampling: SamplingRows  # their sampling settings, row order
     feed_index: list[int] = field(default_factory=list)  # flat tokens whose ids the device supplies
@@ -264,8 +263,7 @@ class Scheduler:
             seq.feed_row = row
         for seq, _ in plan:  # after every lease of this step, so no frame it reads is re-leased in it
             seq.pages.trim(seq.computed)
-        return ScheduledStep(batch, [s for s, _ in plan], [n for _, n in plan], sampled, sampling,
-                             feed_index, feed_rows)
+        return ScheduledStep(batch, [s for s, _ in plan], sampled, sampling, feed_index, feed_rows)
 
     def commit(self, step: ScheduledStep, new_tokens: list[int]) -> list[Sequence]:
         """Apply a finished step: `new_tokens[i]` is the token sampled for `step.sampled[i]`.

@@ -206,7 +206,6 @@ def test_ops_with_triton_kernels(monkeypatch):
     assert calls == [1]  # the reference did not call the kernel
 
 
-
 @pytest.mark.parametrize("wl", [-1, 29])
 @pytest.mark.parametrize("dv_split", [1, 2, 4])
 def test_prefill_interior_tiles_and_column_split(wl, dv_split):

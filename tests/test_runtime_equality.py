@@ -12,7 +12,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-
 from g4rt.models.checkpoint import load_model, write_random_checkpoint
 from g4rt.models.config import Gemma4Config
 from g4rt.models.layout import PageGeometry

@@ -153,3 +153,23 @@ def test_scheduler_config_for_device():
     assert SchedulerConfig.for_device("cuda:0", max_num_seqs=8).max_num_seqs == 8
     with pytest.raises(ValueError, match="chunk"):
         SchedulerConfig.for_device("cuda", chunk=4096)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_logprobs_are_the_log_softmax_of_the_sampled_rows(overlap):
+    """`logprobs=n`: per sampled token its log-probability and the n likeliest ids, equal to the
+    log-softmax of the logits row it was sampled from, in either loop; other requests record none."""
+    model = random_model(tiny_config("e2b"), torch.float32, "cpu", seed=5)
+    llm = LLM.paged(model, num_frames=64, page_tokens=4, overlap=overlap, record_logits=True)
+    asked = llm.add_request(list(range(3, 12)), SamplingParams(max_new_tokens=6, temperature=0.9, seed=1,
+                                                               ignore_eos=True), logprobs=3)
+    other = llm.add_request(list(range(3, 20)), SamplingParams(max_new_tokens=4, ignore_eos=True))
+    outs = {}
+    while llm.has_unfinished():
+        outs.update((o.request_id, o) for o in llm.step())
+    out = outs[asked]
+    assert len(out.logprobs) == 6 and outs[other].logprobs is None
+    for token, row, (chosen, top) in zip(out.token_ids, out.logits, out.logprobs):
+        lp = torch.log_softmax(row.float(), -1)
+        assert abs(lp[token].item() - chosen) < 1e-5
+        assert [t for t, _ in top] == lp.topk(3).indices.tolist()

@@ -11,7 +11,9 @@ An engine with `takes_feed = True` also accepts `step(..., feed=Feed)`: token id
 supplies, so the runtime can schedule a step before it has seen the previous step's ids
 (runtime/llm.py). The logits may be a view valid until the next step.
 
-An engine may also offer `warmup(max_seqs, max_sliding_pages, max_full_pages)`: do before the first
+An engine may also offer `plan_batches(max_batch)`: the largest batch the scheduler admits, which
+LLM passes at construction (CUDA-graph buckets up to it, inductor.py), and
+`warmup(max_seqs, max_sliding_pages, max_full_pages)`: do before the first
 request whatever a step of those bounds would otherwise do on first use (CUDA-graph capture); the
 service calls it before it reports ready (runtime/service/engine_loop.py). Eager engines need none.
 
@@ -50,6 +52,17 @@ class Feed:
 
     def apply(self, token_ids: torch.Tensor) -> None:
         token_ids.index_copy_(0, self.index, self.tokens.to(token_ids.dtype))
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. On CUDA it goes through pinned memory: a copy from pageable memory
+    waits for the work already queued on the stream, which would stall the overlapped step loop."""
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
+
+
+def batch_to_device(batch: StepBatch, device: torch.device) -> StepBatch:
+    """`batch` on `device`, each tensor through `to_device`."""
+    return StepBatch(*(to_device(t, device) for t in batch.tensors()))
 
 
 class Engine(Protocol):

@@ -38,6 +38,7 @@ from g4rt.models.step import StepBatch, input_shape
 from g4rt.plugins.buckets import pow2_bucket
 
 from ..arena import Arena
+from . import batch_to_device
 
 MAX_BATCH = 256  # decode graphs are captured up to this many sequences unless the runtime plans more
 
@@ -60,6 +61,7 @@ class DecodeInputs:
         self.views = [v.view(shape) for v, shape in zip(self.flat.split(sizes), shapes.values())]
         self.fields = dict(zip(shapes, self.views))
         self.b = b
+        self._iota = torch.arange(b + 1, dtype=torch.int32)  # the padded rows' cu_q and logits rows
 
     def fill(self, batch: StepBatch | None) -> None:
         """Write `batch` (n <= b sequences of one token each; None: no sequence) and pad the rest."""
@@ -76,8 +78,8 @@ class DecodeInputs:
         f["kv_lens"][n:] = 1
         f["sliding_slots"][n:] = -1
         f["full_slots"][n:] = -1
-        f["cu_q"][n:] = torch.arange(n, b + 1, dtype=torch.int32)  # row n starts at token n: one token per row
-        f["logits_rows"][n:] = torch.arange(n, b, dtype=torch.int32)
+        f["cu_q"][n:] = self._iota[n:]  # row n starts at token n: one token per row
+        f["logits_rows"][n:] = self._iota[n:b]
 
 
 class ArenaStep(torch.nn.Module):
@@ -250,9 +252,7 @@ class InductorEngine:
         decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
         if decode and batch.num_seqs <= self.buckets[-1] and self.device.type == "cuda":
             return self._decode(batch, feed)
-        if self.device.type == "cuda":  # pinned, so the copies do not wait for the step in flight
-            batch = StepBatch(*(t.pin_memory() for t in batch.tensors()))
-        batch = batch.to(self.device)
+        batch = batch_to_device(batch, self.device)  # not waiting for the step in flight
         if feed is not None:
             feed.apply(batch.token_ids)
         return self.compiled(*batch.tensors())
