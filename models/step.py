@@ -35,6 +35,14 @@ SYMBOLS = ("frames", "tokens", "seqs", "sliding_pages", "full_pages", "rows")
 OUTPUTS = ("logits", "arena_out")  # float32 [rows, vocab]; the arena after this step's writes
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on `device`. On CUDA it goes through pinned memory: a copy from pageable memory
+    waits for the work already queued on the stream, which would stall the runtime's overlapped steps."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)
+
+
 def _dims(*dims: str):
     """A StepBatch field with its symbolic dims (read back as `INPUTS`)."""
     return field(metadata={"dims": dims})
@@ -62,7 +70,9 @@ class StepBatch:
         return tuple(f.name for f in fields(cls))
 
     def to(self, device) -> "StepBatch":
-        return StepBatch(*(t.to(device, non_blocking=True) for t in self.tensors()))
+        """The batch on `device`, each tensor through `to_device`."""
+        device = torch.device(device)
+        return StepBatch(*(to_device(t, device) for t in self.tensors()))
 
     @property
     def num_tokens(self) -> int:

@@ -19,9 +19,10 @@ from dataclasses import dataclass, field
 import torch
 
 from g4rt.models.layout import PageGeometry
+from g4rt.models.step import to_device
 
 from .arena import Arena, frames_in_budget
-from .engines import Engine, Feed, to_device
+from .engines import Engine, Feed
 from .engines.eager import EagerEngine, LinearEngine
 from .pages import FramePool
 from .sampling import BatchSampler, SamplingParams

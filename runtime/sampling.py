@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .engines import to_device
+from g4rt.models.step import to_device
 
 
 @dataclass(frozen=True)

@@ -54,17 +54,6 @@ class Feed:
         token_ids.index_copy_(0, self.index, self.tokens.to(token_ids.dtype))
 
 
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on `device`. On CUDA it goes through pinned memory: a copy from pageable memory
-    waits for the work already queued on the stream, which would stall the overlapped step loop."""
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t.to(device)
-
-
-def batch_to_device(batch: StepBatch, device: torch.device) -> StepBatch:
-    """`batch` on `device`, each tensor through `to_device`."""
-    return StepBatch(*(to_device(t, device) for t in batch.tensors()))
-
-
 class Engine(Protocol):
     geometry: PageGeometry
     config: Gemma4Config

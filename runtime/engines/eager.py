@@ -19,7 +19,7 @@ from g4rt.models.paged import PagedStep
 from g4rt.models.step import StepBatch
 
 from ..arena import Arena
-from . import Feed, batch_to_device
+from . import Feed
 
 
 class EagerEngine:
@@ -37,7 +37,7 @@ class EagerEngine:
 
     @torch.inference_mode()
     def step(self, batch: StepBatch, seq_ids: Sequence[int] = (), feed: Feed | None = None) -> torch.Tensor:
-        batch = batch_to_device(batch, self.device)
+        batch = batch.to(self.device)
         if feed is not None:
             feed.apply(batch.token_ids)
         return self.paged.forward(self.arena.tensor, *batch.tensors())
@@ -70,7 +70,7 @@ class LinearEngine:
             if self.cache.seq_len(sid) != kv_len - n:
                 raise ValueError(f"sequence {sid}: the linear cache holds {self.cache.seq_len(sid)} positions, "
                                  f"the batch continues at {kv_len - n}")
-        b = batch_to_device(batch, self.device)
+        b = batch.to(self.device)
         if feed is not None:
             feed.apply(b.token_ids)
         hidden = self.model(b.token_ids, b.positions, self.cache)

@@ -38,7 +38,6 @@ from g4rt.models.step import StepBatch, input_shape
 from g4rt.plugins.buckets import pow2_bucket
 
 from ..arena import Arena
-from . import batch_to_device
 
 MAX_BATCH = 256  # decode graphs are captured up to this many sequences unless the runtime plans more
 
@@ -252,7 +251,7 @@ class InductorEngine:
         decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
         if decode and batch.num_seqs <= self.buckets[-1] and self.device.type == "cuda":
             return self._decode(batch, feed)
-        batch = batch_to_device(batch, self.device)  # not waiting for the step in flight
+        batch = batch.to(self.device)  # not waiting for the step in flight
         if feed is not None:
             feed.apply(batch.token_ids)
         return self.compiled(*batch.tensors())
