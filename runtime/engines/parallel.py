@@ -39,7 +39,7 @@ from g4rt.models.config import load_config
 from g4rt.models.layout import KVLayout, PageGeometry, torch_dtype
 from g4rt.models.parallel import ParallelError, check_tensor_parallel, load_rank_model, random_rank_model, \
     rank_config
-from g4rt.models.step import StepBatch, input_shape
+from g4rt.models.step import StepBatch, input_shape, to_device
 
 from ..arena import Arena
 from . import Feed
@@ -294,12 +294,10 @@ class ParallelEngine:
             raise ParallelError("the tensor-parallel engine is closed")
 
     def _pack(self, batch: StepBatch, feed: Feed | None) -> torch.Tensor:
-        host = torch.cat([t.reshape(-1) for t in batch.tensors()])
-        if self._comm.type == "cuda":
-            host = host.pin_memory().to(self._comm, non_blocking=True)
+        flat = to_device(torch.cat([t.reshape(-1) for t in batch.tensors()]), self._comm)
         if feed is None:
-            return host
-        return torch.cat([host, feed.index.to(self._comm, torch.int32), feed.tokens.to(self._comm, torch.int32)])
+            return flat
+        return torch.cat([flat, feed.index.to(self._comm, torch.int32), feed.tokens.to(self._comm, torch.int32)])
 
     def _call(self, name: str, *args, **kwargs):
         """Run `inner.name(*args, **kwargs)` on every rank (e.g. CUDA-graph captures, which hold collectives)."""
