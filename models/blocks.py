@@ -1,10 +1,11 @@
 """The decoder's elementwise math: torch references, and their Triton kernels where the model runs them.
 
-`rms_norm`, `gelu_tanh_mul`, `apply_rope` and the two fused blocks built from them (`qkv_norm_rope`,
-`add_rms_norm`) are written as Hugging Face writes them. `block(name, kernels, *args)` runs one of them:
-with `kernels == "triton"` as the opaque custom op `g4rt::<name>` (plugins/triton_norm.py), which the
-eager and the compiled engine both call, so they compute the same bits; with `"reference"` as the plain
-torch code below (what torch.export traces on CPU, so the ONNX graph has no custom node for them).
+`rms_norm`, `gelu_tanh_mul`, `apply_rope`, the two fused blocks built from them (`qkv_norm_rope`,
+`add_rms_norm`) and the MoE router's `route` are written as Hugging Face writes them.
+`block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
+`g4rt::<name>` (plugins/triton_norm.py, plugins/triton_moe.py), which the eager and the compiled
+engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
+(what torch.export traces on CPU, so the ONNX graph has no custom node for them).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import torch.nn.functional as F
 def block(name: str, kernels: str, *args):
     """Elementwise block `name` through the kernels the model was configured with."""
     if kernels == "triton":
-        import g4rt.plugins.triton_norm  # noqa: F401  (registers torch.ops.g4rt.<name>)
+        from g4rt.plugins import triton_moe, triton_norm  # noqa: F401  (register torch.ops.g4rt.<name>)
         return getattr(torch.ops.g4rt, name)(*args)
     return REFERENCE[name](*args)
 
@@ -63,5 +64,14 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
     return h, rms_norm(h, out_weight, eps)
 
 
-REFERENCE = {"rms_norm": rms_norm, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
+def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's routing from the router logits [T, E]: softmax in fp32 over all experts, then top-k,
+    renormalised to sum 1, times per_expert_scale. Returns (w fp32 [T, k], idx int64 [T, k])."""
+    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    w, idx = torch.topk(probs, top_k, dim=-1)
+    w = w / w.sum(dim=-1, keepdim=True)
+    return w * per_expert_scale[idx], idx
+
+
+REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "add_rms_norm": add_rms_norm}

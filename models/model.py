@@ -151,31 +151,10 @@ class MLP(nn.Module):
         return self.down_proj(block("gelu_tanh_mul", self.kernels, self.gate_proj(x), self.up_proj(x)))
 
 
-def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's routing from the router logits [T, E]: softmax in fp32 over all experts, then top-k,
-    renormalised to sum 1, times per_expert_scale. Returns (w fp32 [T, k], idx int64 [T, k])."""
-    probs = torch.softmax(logits, dim=-1, dtype=torch.float32)
-    w, idx = torch.topk(probs, top_k, dim=-1)
-    w = w / w.sum(dim=-1, keepdim=True)
-    return w * per_expert_scale[idx], idx
-
-
-@torch.library.custom_op("g4rt::route", mutates_args=())
-def _route_op(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    from ..plugins import triton_moe
-    return triton_moe.route(logits, per_expert_scale, top_k)
-
-
-@_route_op.register_fake
-def _(logits, per_expert_scale, top_k):
-    T = logits.shape[0]
-    return logits.new_empty(T, top_k, dtype=torch.float32), logits.new_empty(T, top_k, dtype=torch.int64)
-
-
 class Router(nn.Module):
     """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale.
 
-    With the Triton kernels (CUDA) `route` runs as the opaque op `g4rt::route`, one kernel
+    With the Triton kernels (CUDA) `blocks.route` runs as the opaque op `g4rt::route`, one kernel
     (plugins/triton_moe.py) in the eager and the compiled engine alike: Inductor would sum the softmax and
     the renormalisation in its own order, and a weight one fp32 ulp apart can flip a bf16 bit of the
     experts' sum. With the reference (CPU, torch.export) it is plain torch, so the ONNX graph has Softmax
@@ -195,8 +174,7 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.proj(self.norm(x) * self.scale * self.root)
-        fn = torch.ops.g4rt.route if self.kernels == "triton" else route
-        return fn(logits, self.per_expert_scale, self.top_k)
+        return block("route", self.kernels, logits, self.per_expert_scale, self.top_k)
 
 
 class Experts(nn.Module):

@@ -242,7 +242,7 @@ def _moe_route_kernel(logits_ptr, scale_ptr, w_ptr, idx_ptr, T, E: tl.constexpr,
 
 
 def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The model's routing (models.model.route: fp32 softmax over all experts, top-k, renormalise, times
+    """The model's routing (models.blocks.route: fp32 softmax over all experts, top-k, renormalise, times
     per_expert_scale) in one launch, where ATen takes about eight; (w fp32 [T, k], idx int64 [T, k])."""
     T, E = logits.shape
     logits = logits.contiguous()
@@ -337,3 +337,15 @@ def moe(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.Tens
     block = min(1024, triton.next_power_of_2(H))
     _moe_sum_kernel[(T, triton.cdiv(H, block))](y, out, H, TOPK=K, BLOCK=block, num_warps=4)
     return out
+
+
+@torch.library.custom_op("g4rt::route", mutates_args=())
+def _route_op(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """`route` as an opaque op, so the eager and the compiled engine run the same kernel (models/blocks.py)."""
+    return route(logits, per_expert_scale, top_k)
+
+
+@_route_op.register_fake
+def _(logits, per_expert_scale, top_k):
+    T = logits.shape[0]
+    return logits.new_empty(T, top_k, dtype=torch.float32), logits.new_empty(T, top_k, dtype=torch.int64)

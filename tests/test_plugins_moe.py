@@ -194,7 +194,7 @@ def test_route_kernel_matches_model_routing(T, E, K):
     """The one-launch routing kernel against models.model.route (HF's order): the same experts in the same
     (descending-weight) order, weights within fp32 rounding."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
-    from g4rt.models.model import route
+    from g4rt.models.blocks import route
     from g4rt.plugins import triton_moe
     g = torch.Generator().manual_seed(T * E)
     # Distinct logits (exact in bf16), so "the k largest" has one answer.
