@@ -129,6 +129,12 @@ class Scheduler:
         self.seqs: dict[int, Sequence] = {}
         self._ids = itertools.count()
 
+    @property
+    def max_model_len(self) -> int:
+        """The most positions (prompt + output) one request may use: the config's limit, else the
+        model's max_position_embeddings (positions past it are beyond what the model was trained for)."""
+        return self.config.max_model_len or self.geometry.layout.config.max_position_embeddings
+
     # ---- requests ------------------------------------------------------------------------------
     def add(self, prompt: list[int], params: SamplingParams, eos_ids=()) -> Sequence:
         """Queue a request; raise `RequestTooLarge` if it could never run, ValueError on bad input."""
@@ -140,8 +146,7 @@ class Scheduler:
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {model_cfg.vocab_size})")
         total = len(prompt) + params.max_new_tokens
-        # Positions past max_position_embeddings are beyond what the model was trained for.
-        limit = self.config.max_model_len or model_cfg.max_position_embeddings
+        limit = self.max_model_len
         if total > limit:
             raise ValueError(f"prompt ({len(prompt)}) + max_new_tokens ({params.max_new_tokens}) = {total} "
                              f"exceeds max_model_len {limit}")

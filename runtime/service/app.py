@@ -22,7 +22,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ..llm import LLM
 from . import prepare
 from .chat import ChatTemplate
-from .engine_loop import EngineLoop, max_model_len
+from .engine_loop import EngineLoop
 from .metrics import Metrics
 from .outputs import Job, OutputThread
 from .protocol import APIError, model_card, now
@@ -59,7 +59,7 @@ class Service:
     def __init__(self, llm: LLM, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
                  template: ChatTemplate | None = None):
         self.llm, self.config = llm, config
-        self.ctx = prepare.Context(config.served_model_name, max_model_len(llm), tokenizer, template)
+        self.ctx = prepare.Context(config.served_model_name, llm.scheduler.max_model_len, tokenizer, template)
         self.metrics = Metrics()
         self.engine: EngineLoop | None = None
         self.outputs = OutputThread(tokenizer, self.metrics, lambda rids: self.engine.cancel(rids))

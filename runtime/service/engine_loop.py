@@ -25,17 +25,11 @@ from .protocol import APIError
 log = logging.getLogger("g4rt.serve")
 
 
-def max_model_len(llm: LLM) -> int:
-    """The most positions (prompt + output) one request may use, as the scheduler admits them."""
-    sched = llm.scheduler
-    return sched.config.max_model_len or sched.geometry.layout.config.max_position_embeddings
-
-
 def decode_bounds(llm: LLM) -> dict:
     """The largest decode batch and page-table widths this scheduler can produce (warm-up covers them)."""
     sched = llm.scheduler
     geo = sched.geometry
-    max_len = max_model_len(llm)
+    max_len = llm.scheduler.max_model_len
     pt_s, pt_f = geo.page_tokens["sliding"], geo.page_tokens["full"]
     window = geo.layout.sliding.window
     sliding = min(-(-max_len // pt_s), -(-(window - 1) // pt_s) + 1)
@@ -57,7 +51,7 @@ def warm_up(llm: LLM) -> float:
     if hasattr(llm.engine, "warmup"):
         llm.engine.warmup(**decode_bounds(llm))
     sched = llm.scheduler
-    max_len = max_model_len(llm)
+    max_len = llm.scheduler.max_model_len
     vocab = sched.geometry.layout.config.vocab_size
     lens = sorted({max(1, min(n, max_len - 4)) for n in (sched.config.chunk + 1, 48, 17, 2)}, reverse=True)
     prompts = [[(7 * i + 3) % vocab for i in range(n)] for n in lens]
