@@ -416,8 +416,6 @@ def cmd_export(args) -> int:
 
 
 def cmd_build(args) -> int:
-    if args.backend != "inductor":
-        _need("build", "export", "onnx", "onnxscript", "polygraphy")
     from g4rt.export.build import BuildError, build, check_backend_available
     from g4rt.models.manifest import ManifestError
     limits = providers = None

@@ -14,6 +14,7 @@ The engines that run these directories are runtime/engines/; this package only w
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from dataclasses import asdict
@@ -158,25 +159,25 @@ def _tick(bar: tqdm | None, what: str) -> None:
 
 
 def check_backend_available(backend: str) -> None:
-    """Fail before any work when this machine cannot build `backend`."""
-    if backend == "onnxruntime":
-        try:
-            import onnx  # noqa: F401
-            import onnxruntime  # noqa: F401
-            import onnxscript  # noqa: F401
-        except ImportError as e:
-            raise BuildError(f"backend onnxruntime needs the export extra (pip install 'g4rt[export]'): {e}")
-    elif backend == "inductor":
+    """Fail before any work when this machine cannot build `backend`, naming what is missing."""
+    if backend not in mf.BACKENDS:
+        raise BuildError(f"unknown backend {backend!r}; choose one of {', '.join(mf.BACKENDS)}")
+    if backend == "inductor":
         if not torch.cuda.is_available():
             raise BuildError("backend inductor builds a CUDA-graph engine and needs a CUDA GPU; none is visible here")
-    elif backend == "tensorrt":
+        return
+    # onnxruntime and tensorrt both export the step graph and write its golden steps.
+    needed = ("onnx", "onnxscript", "polygraphy") + (("onnxruntime",) if backend == "onnxruntime" else ())
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
+    if missing:
+        raise BuildError(f"backend {backend} needs {', '.join(missing)}, from the export extra "
+                         f"(pip install 'g4rt[export]')")
+    if backend == "tensorrt":
         from g4rt.plugins.trt_plugins import TensorRTUnavailable, require_tensorrt
         try:
             require_tensorrt()
         except TensorRTUnavailable as e:
             raise BuildError(str(e)) from None
-    else:
-        raise BuildError(f"unknown backend {backend!r}; choose one of {', '.join(mf.BACKENDS)}")
 
 
 def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: str | None = None,
