@@ -92,10 +92,8 @@ def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels
     try:
         kw = dict(model=str(source), dtype=args.dtype, page_tokens=args.page_tokens)
         if args.engine:
-            manifest = mf.read_manifest(args.engine)
-            if manifest.get("backend") != "inductor":
-                raise SystemExit(f"{cmd}: --tensor-parallel runs --model or an inductor --engine, not a "
-                                 f"{manifest.get('backend')} engine")
+            # Only inductor engines run per rank; the check also refuses a directory this code cannot run.
+            manifest = mf.check_manifest(args.engine, backend="inductor")
             kw = dict(model=str(mf.resolve_file(args.engine, manifest, "weights")), dtype=manifest["dtype"],
                       page_tokens=manifest["geometry"]["page_tokens_arg"], backend="inductor",
                       compile_mode=manifest["compile"]["mode"], compile_scope=manifest["compile"].get("scope", "layers"))
