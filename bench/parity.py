@@ -256,6 +256,55 @@ def run_arm(llm, prompt: list[int], decode: int) -> tuple[torch.Tensor, list[int
     return torch.stack(out.logits), out.token_ids
 
 
+@contextlib.contextmanager
+def routing_recorded(routers: list[nn.Module]):
+    """Every call's top-k choice of each router (ours returns (w, idx), HF's (probs, w, idx)): yields one
+    list per router that receives, call by call, the sorted expert ids [T, k] and, from HF's, the fp32
+    or fp64 probabilities' largest k + 1 values [T, k + 1] (None from ours)."""
+    calls = [[] for _ in routers]
+
+    def hook(i):
+        def record(mod, args, out):
+            idx = out[-1]
+            probs = out[0].topk(idx.shape[-1] + 1, dim=-1).values if len(out) == 3 else None
+            calls[i].append((idx.sort(dim=-1).values, probs))
+        return record
+
+    handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(routers)]
+    try:
+        yield calls
+    finally:
+        for h in handles:
+            h.remove()
+
+
+def routing(calls) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    """The recorded choices of all routers, [layers, positions, k], and the probabilities' top k + 1
+    [layers, positions, k + 1] where recorded."""
+    if not calls or not calls[0]:
+        return None
+    idx = torch.stack([torch.cat([c[0] for c in layer]) for layer in calls])
+    probs = calls[0][0][1]
+    probs = None if probs is None else torch.stack([torch.cat([c[1] for c in layer]) for layer in calls])
+    return idx, probs
+
+
+def routing_flips(idx: torch.Tensor, oracle: tuple[torch.Tensor, torch.Tensor]) -> dict:
+    """Where `idx` [L, T, k] chose other experts than the oracle: over the (layer, position) choices, the
+    count, the oracle's smallest margin and how many are below 1e-6, and for the earliest few positions the oracle's margin between its k-th and (k+1)-th probability relative to the k-th
+    (below ~6e-8, fp32 cannot tell the two apart)."""
+    ref, probs = oracle
+    if idx.shape != ref.shape:
+        return {"routing_compared": False, "routing_shape": list(idx.shape), "oracle_shape": list(ref.shape)}
+    where = sorted((idx.to(ref.device) != ref).any(-1).nonzero().tolist(), key=lambda lt: (lt[1], lt[0]))
+    margin = (probs[..., -2] - probs[..., -1]) / probs[..., -2]
+    return {"routing_choices": idx.shape[0] * idx.shape[1], "routing_flips": len(where),
+            "oracle_rel_margin_min": float(f"{margin.min().item():.3g}"),
+            "oracle_margins_below_1e-6": int((margin < 1e-6).sum()),
+            "flips": [{"layer": l, "position": t, "oracle_rel_margin": float(f"{margin[l, t].item():.3g}")}
+                      for l, t in where[:8]]}
+
+
 def rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
     """max |x - ref| / max |ref| over every row, in float64."""
     return ((x.double() - ref).abs().max() / ref.abs().max()).item()
@@ -306,14 +355,19 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
     base = {"size": name, "layers": cfg.num_hidden_layers, "window": W, "init": s.init, "prompt_len": prompt_len,
             "decode": s.decode, "engine_window": W - 1 if s.break_window else W}
     log({**base, "stage": "build", "build_s": round(time.perf_counter() - t0, 1)})
+    routers = [layer.router for layer in model.layers if layer.has_moe]
     arms = []
     for engine in s.engines:
         for kernels in s.kernels:
             t, llm, arm = time.perf_counter(), None, {"engine": engine, "kernels": kernels}
             try:
-                with sliding_window(model, W - 1) if s.break_window else contextlib.nullcontext():
+                # Routing is recorded in the eager arms only: hooks inside a compiled graph do not run.
+                record = routers if engine == "eager" else []
+                with sliding_window(model, W - 1) if s.break_window else contextlib.nullcontext(), \
+                        routing_recorded(record) as calls:
                     llm = make_llm(model, engine, kernels, prompt_len, s.decode, s.chunk)
                     arm["rows"], arm["tokens"] = run_arm(llm, prompt, s.decode)
+                arm["routing"] = routing(calls)
             except Exception as e:  # record and go on: one broken arm must not hide the others
                 arm["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
             if engine == "inductor" and "error" not in arm:
@@ -323,19 +377,22 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
             if llm is not None:
                 release(llm)
             arms.append(arm)
-            log({**base, "stage": "ran", **{k: v for k, v in arm.items() if k != "rows"}})
+            log({**base, "stage": "ran", **{k: v for k, v in arm.items() if k not in ("rows", "routing")}})
     path = next((a["tokens"] for a in arms if "tokens" in a), None)
     if path is None:
         return [log({**base, "stage": "arm", "engine": a["engine"], "kernels": a["kernels"], "pass": False,
                      "error": a["error"]}) for a in arms]
     hf = hf_sharing(model)
     ids, n = prompt + path[:-1], s.decode + 1
+    hf_routers = [layer.router for layer in hf.model.layers if layer.enable_moe_block]
     t = time.perf_counter()
-    hf32, _ = hf_logits(hf, ids, n)
-    hf32_s = time.perf_counter() - t
+    with routing_recorded(hf_routers) as calls:
+        hf32, _ = hf_logits(hf, ids, n)
+    hf32_s, hf32_routing = time.perf_counter() - t, routing(calls)
     t = time.perf_counter()
-    oracle, kept = hf_logits(hf, ids, n, float64=True)
-    oracle_s = time.perf_counter() - t
+    with routing_recorded(hf_routers) as calls:
+        oracle, kept = hf_logits(hf, ids, n, float64=True)
+    oracle_s, oracle_routing = time.perf_counter() - t, routing(calls)
     del hf
     top2 = oracle.topk(2, dim=-1).values
     hf32_err = rel_err(hf32, oracle)
@@ -344,6 +401,7 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
          "oracle_s": round(oracle_s, 1), "oracle_casts_kept": kept,
          "oracle_top2_gap_min": round((top2[:, 0] - top2[:, 1]).min().item(), 4),
          "hf32_greedy_is_path": hf32_argmax == path, "path": path,
+         **({"hf32_routing": routing_flips(hf32_routing[0], oracle_routing)} if oracle_routing else {}),
          "peak_gib": round(torch.cuda.max_memory_allocated() / 2 ** 30, 1) if s.device == "cuda" else None})
     records = []
     for arm in arms:
@@ -364,7 +422,9 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
                   "first_difference_at": diff,
                   "tokens_equal_hf32_greedy": arm["tokens"] == path == hf32_argmax,
                   "pass": diff is None and err <= s.factor * hf32_err,
-                  **{k: arm[k] for k in ("compiled_graphs",) if k in arm}})
+                  **{k: arm[k] for k in ("compiled_graphs",) if k in arm},
+                  **({"routing": routing_flips(arm["routing"][0], oracle_routing)}
+                     if oracle_routing and arm.get("routing") else {})})
         records.append(log(r))
     return records
 
