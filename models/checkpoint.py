@@ -192,11 +192,12 @@ def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Gen
     away from 1 (a "1 + w" bug or a dropped scale changes the output), projections ~ 1/sqrt(fan_in),
     embeddings large enough that logits spread over a few units (clear greedy choices).
 
-    `init="deep"` (DESIGN.md, "Random weights: two inits") changes four kinds of tensor so that a
+    `init="deep"` (DESIGN.md, "Random weights: two inits") changes five kinds of tensor so that a
     full-depth model is not chaotic: layer_scalar near 1 (the stream is not shrunk every layer), residual
-    branches at 0.3 of the default (each layer turns the stream a little), softer q/k norms, and a final
+    branches at 0.3 of the default (each layer turns the stream a little), softer q/k norms, a final
     norm centred on 0 (the stream keeps the token's own embedding, which a positive final norm and the
-    tied lm_head would pick again at every step)."""
+    tied lm_head would pick again at every step), and router logits spread over a few units (top-k
+    choices that fp32 rounding does not decide)."""
     def normal(std, mean=0.0):
         return torch.randn(shape, generator=g, device=g.device) * std + mean
 
@@ -213,6 +214,11 @@ def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Gen
             return normal(1.0)
         if name.endswith(("q_norm.weight", "k_norm.weight")):
             return normal(0.03, 0.3)
+        if name.endswith("router.proj.weight"):
+            # The router's input has norm ~1 (RMS-normed, times hidden_size**-0.5), so this gives logits
+            # of std ~2. The default's 3/sqrt(fan_in) gives 0.06 at real width: 128 nearly equal
+            # probabilities whose 8th and 9th often lie within fp32 rounding of each other.
+            return normal(2.0)
     if name.endswith("layer_scalar"):
         return uniform(0.5, 1.0)
     if name.endswith("router.per_expert_scale"):
