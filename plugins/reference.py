@@ -162,3 +162,91 @@ def moe_ref(x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, gate_up: torch.
         y = F.linear(F.gelu(gate, approximate="tanh") * up, down[e]) * w[token, slot, None]
         out.index_add_(0, token, y.to(out.dtype))
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Sampling: the oracle for triton_sampling.py and the CPU implementation of `g4rt::sample`.
+# ---------------------------------------------------------------------------------------------
+
+SAMPLE_KEY_SCALE = 1 << 16  # a row's cut keys: how far below the row's top score, in units of 2^-16
+SAMPLE_KEY_MAX = (1 << 24) - 1  # ... saturating here (256 score units below the top: one tied bottom key)
+SAMPLE_MASS_SCALE = 1 << 18  # top-p counts probability in integers: exp(score - top) in units of 2^-18
+_PHILOX_ROUND = (0xD2511F53, 0xCD9E8D57)
+_PHILOX_KEY = (0x9E3779B9, 0xBB67AE85)
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(a: torch.Tensor, b: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """High and low 32 bits of a * b for 32-bit unsigned a (int64 tensor) and b, without leaving int64."""
+    lo_prod = a * (b & 0xFFFF)
+    mid = a * (b >> 16) + (lo_prod >> 16)  # < 2^49
+    return mid >> 16, ((mid & 0xFFFF) << 16 | (lo_prod & 0xFFFF)) & _M32
+
+
+def philox_ref(seeds: torch.Tensor, c0: torch.Tensor, c1: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Triton's `tl.randint4x(seed, c1 * 2^32 + c0)`: Philox-4x32 with 10 rounds, key = the 64-bit seed,
+    counter (c0, c1, 0, 0). seeds int64 [R]; c0, c1 int64 broadcastable to [R, N] holding 32-bit values.
+    Returns the four 32-bit outputs as int64 tensors in [0, 2^32)."""
+    k0, k1 = (seeds & _M32)[:, None], ((seeds >> 32) & _M32)[:, None]
+    x0, x1 = torch.broadcast_tensors(c0 & _M32, c1 & _M32)
+    x2 = x3 = torch.zeros_like(x0)
+    for _ in range(10):
+        hi_b, lo_b = _mul32(x2, _PHILOX_ROUND[1])
+        hi_a, lo_a = _mul32(x0, _PHILOX_ROUND[0])
+        x0, x1, x2, x3 = hi_b ^ x1 ^ k0, lo_b, hi_a ^ x3 ^ k1, lo_a
+        k0, k1 = (k0 + _PHILOX_KEY[0]) & _M32, (k1 + _PHILOX_KEY[1]) & _M32
+    return x0, x1, x2, x3
+
+
+def sample_noise_ref(seeds: torch.Tensor, counters: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Gumbel noise G(seed, counter, id) for ids 0..vocab-1, float32 [R, vocab]: Philox with key `seed`
+    and counter (id // 4, counter), output id % 4, made uniform as `tl.rand` does, then -log(-log u).
+    A pure function of (seed, counter, id): the same whatever else is sampled."""
+    n = torch.arange((vocab + 3) // 4, device=seeds.device)
+    words = torch.stack(philox_ref(seeds, n[None, :], counters[:, None]), dim=-1).flatten(1)[:, :vocab]
+    signed = torch.where(words >= 1 << 31, words - (1 << 32), words)
+    u = torch.where(signed < 0, ~signed, signed).float() * torch.tensor(4.6566127342e-10, dtype=torch.float32)
+    return -torch.log(-torch.log(u))
+
+
+def sample_keys_ref(scores: torch.Tensor, top: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cut key, integer mass) of every entry of `scores` [R, V] float32 whose row maxima are `top` [R]:
+    key = floor((top - s) * 2^16) saturated at SAMPLE_KEY_MAX (smaller is likelier), mass =
+    floor(exp(s - top) * 2^18)."""
+    d = top[:, None] - scores
+    keys = (d * SAMPLE_KEY_SCALE).clamp(max=SAMPLE_KEY_MAX).to(torch.int32)
+    mass = (torch.exp(-d) * SAMPLE_MASS_SCALE).to(torch.int64)
+    return keys, mass
+
+
+def sample_ref(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """`sample` of plugins/README.md: one token id per row of `logits` [R, V], int64 [R].
+
+    rows: int64 [5, R], per row temperature and top_p (float64 bits), top_k, seed, draw counter.
+    Temperature 0: the first argmax of the logits. Otherwise s = logits / T (fp32) and the token is the
+    first argmax over the kept set of s + G(seed, counter, id); kept are the entries whose cut key is
+    <= the k-th smallest key (top_k in 1..V-1; ties kept), and of those, with top_p < 1, the ones whose
+    likelier entries (strictly smaller key) weigh less than top_p of the kept mass. Sorts the keys: an
+    oracle, not a kernel."""
+    R, V = logits.shape
+    temp, top_p = rows[0].view(torch.float64), rows[1].view(torch.float64)
+    top_k, seeds, counters = rows[2], rows[3], rows[4]
+    greedy = logits.argmax(dim=-1)
+    sampled = temp > 0
+    if not bool(sampled.any()):
+        return greedy
+    t = torch.where(sampled, temp, 1.0).float()
+    scores = logits.float() / t[:, None]
+    keys, mass = sample_keys_ref(scores, scores.max(dim=-1).values)
+    sorted_keys, order = keys.sort(dim=-1)
+    cut_k = torch.where((top_k > 0) & (top_k < V), sorted_keys.gather(1, (top_k.clamp(1, V) - 1)[:, None])[:, 0],
+                        SAMPLE_KEY_MAX)
+    kept = keys <= cut_k[:, None]
+    below = torch.cumsum(mass.gather(1, order), dim=-1)  # mass of the j+1 likeliest entries
+    likelier = torch.searchsorted(sorted_keys, keys, side="left")  # entries with a strictly smaller key
+    above = torch.where(likelier > 0, below.gather(1, (likelier - 1).clamp(min=0)), 0)
+    kept_mass = (mass * kept).sum(dim=-1)
+    nucleus = above.double() < top_p[:, None] * kept_mass.double()[:, None]
+    kept &= nucleus | (top_p >= 1.0)[:, None]
+    race = (scores + sample_noise_ref(seeds, counters, V)).masked_fill(~kept, float("-inf"))
+    return torch.where(sampled, race.argmax(dim=-1), greedy)

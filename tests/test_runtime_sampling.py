@@ -10,7 +10,8 @@ from conftest import tiny_config
 
 from g4rt.models.checkpoint import random_model
 from g4rt.runtime.llm import LLM
-from g4rt.runtime.sampling import BatchSampler, SamplingParams, SamplingRows, gumbel
+from g4rt.plugins.reference import sample_noise_ref
+from g4rt.runtime.sampling import BatchSampler, SamplingParams, SamplingRows
 
 SAMPLE = BatchSampler()
 
@@ -94,12 +95,14 @@ def test_filters_that_leave_one_token_are_greedy():
 
 
 def test_noise_is_gumbel_and_keyed_by_vocabulary_id():
-    """Mean and spread of Gumbel(0, 1) over 2^18 draws; the value of an id does not depend on which
-    other ids are asked for (the top-k path asks for its candidates only)."""
-    g = gumbel(torch.tensor([11]), torch.tensor([0]), torch.arange(1 << 18))[0].double()
-    assert abs(g.mean().item() - 0.5772) < 0.01 and abs(g.std().item() - math.pi / math.sqrt(6)) < 0.01
-    ids = torch.tensor([[5, 70000, 3]])
-    assert torch.equal(gumbel(torch.tensor([11]), torch.tensor([0]), ids)[0], g.float()[[5, 70000, 3]])
+    """Mean and spread of Gumbel(0, 1) over 2^18 draws; a row's noise depends on its own (seed, counter)
+    only, and another counter or seed gives other noise."""
+    seeds, counters = torch.tensor([11, 12, 11]), torch.tensor([0, 0, 1])
+    g = sample_noise_ref(seeds, counters, 1 << 18).double()
+    assert abs(g[0].mean().item() - 0.5772) < 0.01 and abs(g[0].std().item() - math.pi / math.sqrt(6)) < 0.01
+    assert torch.equal(sample_noise_ref(seeds[:1], counters[:1], 1 << 18)[0], g[0].float())
+    assert torch.equal(sample_noise_ref(seeds[:1], counters[:1], 70001)[0], g[0, :70001].float())
+    assert (g[0] != g[1]).float().mean() > 0.99 and (g[0] != g[2]).float().mean() > 0.99
 
 
 def test_bad_rows_are_refused():

@@ -1,0 +1,166 @@
+"""Triton sampler: one launch, one program per row, a few passes over the row's logits, no noise tensor.
+
+`sample(logits, rows)` is `reference.sample_ref` (plugins/README.md `sample`) without sorting:
+
+* greedy rows (temperature 0): one pass, the first argmax;
+* every sampled row, pass 1: the row's top and bottom score and the Gumbel race over the whole row,
+  its noise made in registers from Philox (`tl.randint4x`, key = the request's seed, counter = (id // 4,
+  draw counter)), so a token depends on its own row, seed and counter only; rows without top-k or
+  top-p are done;
+* top-k: the k-th smallest cut key by a 16-way search over the 24-bit keys (counts are integers, so
+  the cut is exact): at most 6 passes, then one race over the kept entries;
+* top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
+  is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
+  it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
+  the entries likelier than j, which become the next candidates. Each round is one pass (the test of j
+  and the race for the next candidate together); a round succeeds with probability >= top_p and the
+  candidates shrink every round, so it ends, typically after one or two.
+
+The launch reads shapes only (no `.item()`), so it can be captured in a CUDA graph; rows run in
+parallel, so at 1 row the sampler uses one SM.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .reference import SAMPLE_KEY_MAX, SAMPLE_KEY_SCALE, SAMPLE_MASS_SCALE
+
+
+@triton.jit
+def _scores(row_ptr, base, V, temp, BLOCK: tl.constexpr):
+    """(ids, in-range mask, scores logits / temp with IEEE division; -inf past the vocabulary)."""
+    idx = base + tl.arange(0, BLOCK)
+    ok = idx < V
+    x = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32)
+    return idx, ok, tl.math.div_rn(x, temp)
+
+
+@triton.jit
+def _gumbel(seed, counter, base, BLOCK: tl.constexpr):
+    """Gumbel noise of ids base .. base + BLOCK - 1 (base a multiple of 4): reference.sample_noise_ref."""
+    n = (base // 4 + tl.arange(0, BLOCK // 4)).to(tl.int64)
+    r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) + n)
+    r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
+    return -tl.log(-tl.log(tl.random.uint_to_uniform_float(r)))
+
+
+@triton.jit
+def _keys(s, ok, top):
+    """Cut key and integer mass of scores `s` (reference.sample_keys_ref); past the vocabulary the key is
+    one above the largest, so no bound counts it."""
+    d = top - s
+    key = tl.minimum(d * SCALE_KEY, KEY_MAX).to(tl.int32)
+    mass = (tl.exp(-d) * SCALE_MASS).to(tl.int32)
+    return tl.where(ok, key, KEY_MAX + 1), mass
+
+
+SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))
+KEY_MAX = tl.constexpr(SAMPLE_KEY_MAX)
+SCALE_MASS = tl.constexpr(float(SAMPLE_MASS_SCALE))
+
+
+@triton.jit
+def _race_pass(row_ptr, V, temp, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr):
+    """One pass: the race winner among entries with key < race_bound, their integer mass, and the integer
+    mass of the entries with key < mass_bound."""
+    best = float("-inf")
+    win = 0
+    below_race = tl.zeros([], tl.int64)
+    below_mass = tl.zeros([], tl.int64)
+    for base in range(0, V, BLOCK):
+        idx, ok, s = _scores(row_ptr, base, V, temp, BLOCK)
+        key, mass = _keys(s, ok, top)
+        z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
+        zmax = tl.max(z, 0)
+        win = tl.where(zmax > best, base + tl.argmax(z, 0), win)
+        best = tl.maximum(best, zmax)
+        below_race += tl.sum(tl.where(key < race_bound, mass, 0), 0).to(tl.int64)
+        below_mass += tl.sum(tl.where(key < mass_bound, mass, 0), 0).to(tl.int64)
+    return win, below_race, below_mass
+
+
+@triton.jit
+def _kth_key(row_ptr, V, temp, top, hi, k, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The k-th smallest cut key of the row (keys <= hi, all of them), by an NB-way search."""
+    lo = 0
+    lanes = tl.arange(0, NB)
+    while lo < hi:
+        step = (hi - lo) // NB + 1
+        bounds = tl.minimum(lo + (lanes + 1) * step - 1, hi)
+        counts = tl.zeros([NB], tl.int32)
+        for base in range(0, V, BLOCK):
+            idx, ok, s = _scores(row_ptr, base, V, temp, BLOCK)
+            key, mass = _keys(s, ok, top)
+            counts += tl.sum((key[None, :] <= bounds[:, None]).to(tl.int32), 1)
+        first = tl.min(tl.where(counts >= k, lanes, NB), 0)
+        new_lo = tl.where(first == 0, lo, tl.sum(tl.where(lanes == first - 1, bounds, 0), 0) + 1)
+        hi = tl.sum(tl.where(lanes == first, bounds, 0), 0)
+        lo = new_lo
+    return lo
+
+
+@triton.jit
+def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr, NB: tl.constexpr):
+    r = tl.program_id(0)
+    temp = tl.load(rows_ptr + r).to(tl.float64, bitcast=True)
+    top_p = tl.load(rows_ptr + R + r).to(tl.float64, bitcast=True)
+    top_k = tl.load(rows_ptr + 2 * R + r)
+    seed = tl.load(rows_ptr + 3 * R + r)
+    counter = tl.load(rows_ptr + 4 * R + r)
+    row_ptr = x_ptr + r.to(tl.int64) * stride_x
+    if temp > 0:
+        t32 = temp.to(tl.float32)
+        use_k = (top_k > 0) & (top_k < V)
+        race_all = (top_k <= 0) | (top_k >= V)
+        top = float("-inf")
+        bottom = float("inf")
+        best = float("-inf")
+        win = 0
+        for base in range(0, V, BLOCK):
+            idx, ok, s = _scores(row_ptr, base, V, t32, BLOCK)
+            top = tl.maximum(top, tl.max(s, 0))
+            bottom = tl.minimum(bottom, tl.min(tl.where(ok, s, float("inf")), 0))
+            if race_all:
+                z = s + _gumbel(seed, counter, base, BLOCK)
+                zmax = tl.max(z, 0)
+                win = tl.where(zmax > best, base + tl.argmax(z, 0), win)
+                best = tl.maximum(best, zmax)
+        bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
+        if use_k:
+            hi = tl.minimum((top - bottom) * SCALE_KEY, KEY_MAX).to(tl.int32)
+            bound = _kth_key(row_ptr, V, t32, top, hi, top_k.to(tl.int32), BLOCK, NB) + 1
+            win, _, _ = _race_pass(row_ptr, V, t32, top, seed, counter, bound, bound, BLOCK)
+        if top_p < 1.0:
+            done = 0
+            while done == 0:
+                s_win = tl.math.div_rn(tl.load(row_ptr + win).to(tl.float32), t32)
+                key_win = tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32)
+                nxt, likelier, kept = _race_pass(row_ptr, V, t32, top, seed, counter, key_win, bound, BLOCK)
+                done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
+                win = tl.where(done != 0, win, nxt)
+        tl.store(out_ptr + r, win.to(tl.int64))
+    else:
+        best = float("-inf")
+        win = 0
+        for base in range(0, V, BLOCK):
+            idx = base + tl.arange(0, BLOCK)
+            x = tl.load(row_ptr + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
+            xmax = tl.max(x, 0)
+            win = tl.where(xmax > best, base + tl.argmax(x, 0), win)
+            best = tl.maximum(best, xmax)
+        tl.store(out_ptr + r, win.to(tl.int64))
+
+
+def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warps: int = 8) -> torch.Tensor:
+    """Token ids int64 [R] for logits [R, V] (last dim contiguous) and rows int64 [5, R] on its device."""
+    R, V = logits.shape
+    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    if R == 0:
+        return out
+    if logits.stride(1) != 1:
+        logits = logits.contiguous()
+    _sample_kernel[(R,)](logits, rows.contiguous(), out, R, V, logits.stride(0), BLOCK=block, NB=16,
+                         num_warps=num_warps)
+    return out

@@ -1,0 +1,88 @@
+"""The Triton sampler (plugins/triton_sampling.py) against its torch reference (plugins/reference.py
+`sample_ref`), under the Triton interpreter: the same token for every row, whatever else is in the
+batch. The reference's distributions are checked in tests/test_runtime_sampling.py."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported; `make test` sets it too
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton extra is not installed")
+
+from g4rt.plugins import ops, reference  # noqa: E402
+from g4rt.plugins import triton_sampling as ts  # noqa: E402
+from g4rt.runtime.sampling import SamplingRows  # noqa: E402
+
+# (temperature, top_k, top_p, seed, counter): greedy, plain, top-k, top-p (large and tiny), both, a k
+# of the whole vocabulary and beyond, k = 1, a negative seed, a large counter.
+PARAMS = [(0.0, 0, 1.0, 1, 0), (1.0, 0, 1.0, 7, 0), (0.7, 5, 1.0, 2, 4), (1.3, 0, 0.5, 9, 11),
+          (0.8, 50, 0.9, 42, 3), (1.0, 0, 1e-6, 5, 6), (2.0, 0, 0.97, 3, 1), (1.0, 1000, 1.0, 5, 6),
+          (1.0, 1, 1.0, 8, 2), (3.0, 300, 0.99, -5, 7), (0.5, 17, 0.3, 2 ** 40 + 3, 2 ** 30), (4.0, 0, 0.2, 6, 9)]
+
+
+def pack(params) -> torch.Tensor:
+    return SamplingRows(*zip(*params)).pack
+
+
+def logits_for(rows: int, vocab: int, seed: int, dtype=torch.float32) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, vocab, generator=g) * 3
+    x[1, :37] = float("-inf")  # a masked part of the vocabulary
+    return x.to(dtype)
+
+
+@pytest.mark.parametrize("vocab,block,dtype", [(700, 64, torch.float32), (333, 128, torch.bfloat16),
+                                               (2500, 1024, torch.float32)])
+def test_kernel_matches_reference(vocab, block, dtype):
+    """Every kind of row, the vocabulary cut into several tiles (the last one partial)."""
+    x = logits_for(len(PARAMS), vocab, vocab, dtype)
+    rows = pack(PARAMS)
+    want = reference.sample_ref(x, rows)
+    assert torch.equal(ts.sample(x, rows, block=block), want)
+    assert want[0].item() == x[0].float().argmax().item()
+    assert want[8].item() == x[8].float().argmax().item()  # top_k = 1
+    assert want[5].item() == x[5].float().argmax().item()  # a nucleus of one
+
+
+def test_many_seeds_match_reference():
+    """96 sampled rows of one logits row under 24 seeds x 4 settings: the kernel draws what the
+    reference draws (its noise, cut and race), and the draws really vary."""
+    x = logits_for(2, 300, 1)[0].expand(96, -1).contiguous()
+    params = [(t, k, p, seed, 2) for seed in range(24) for t, k, p in ((1.0, 0, 1.0), (1.0, 20, 1.0),
+                                                                     (1.5, 0, 0.6), (0.9, 40, 0.8))]
+    rows = pack(params)
+    got = ts.sample(x, rows, block=128)
+    assert torch.equal(got, reference.sample_ref(x, rows))
+    assert len(set(got.tolist())) > 20
+
+
+def test_a_rows_token_ignores_the_rest_of_the_batch():
+    x = logits_for(len(PARAMS), 500, 4)
+    together = ts.sample(x, pack(PARAMS), block=128)
+    for i in (1, 4, 9):
+        assert ts.sample(x[i:i + 1], pack(PARAMS[i:i + 1]), block=128).item() == together[i].item()
+    perm = torch.randperm(len(PARAMS), generator=torch.Generator().manual_seed(0))
+    assert torch.equal(ts.sample(x[perm], pack([PARAMS[i] for i in perm]), block=128), together[perm])
+
+
+def test_greedy_takes_the_first_of_tied_maxima():
+    x = torch.zeros(3, 300)
+    x[0, [7, 250]] = 2.0
+    x[1, [130, 131]] = 1.0
+    x[2, 299] = 0.5
+    got = ts.sample(x, pack([(0.0, 0, 1.0, 0, 0)] * 3), block=64)
+    assert got.tolist() == [7, 130, 299]
+
+
+def test_op_dispatch():
+    """`g4rt::sample` runs either implementation by its `kernels` argument, with a fake for tracing."""
+    x = logits_for(len(PARAMS), 200, 5)
+    rows = pack(PARAMS)
+    assert torch.equal(ops.sample(x, rows, "triton"), ops.sample(x, rows, "reference"))
+    torch.library.opcheck(torch.ops.g4rt.sample.default, (x, rows, "reference"),
+                          test_utils=("test_schema", "test_faketensor"))
+    with pytest.raises(ValueError, match="kernels"):
+        ops.sample(x, rows, "cuda")
