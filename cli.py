@@ -230,11 +230,14 @@ def _serve_frames(args, geometry: PageGeometry) -> int:
 def cmd_serve(args) -> int:
     """The OpenAI-compatible service (runtime/server.py); the key may come from G4RT_API_KEY, as is usual
     for secrets, so that it does not show in the process list."""
+    import functools
     import logging
     import os
     _need("serve", "serve", "fastapi", "uvicorn", "prometheus_client", "jinja2")
     from g4rt.runtime.server import Server
     from g4rt.runtime.service.app import Service, ServiceConfig
+    from g4rt.runtime.service.client import EngineStartError
+    from g4rt.runtime.service.wire import EngineSpec
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     source = _source(args, "serve")
@@ -245,18 +248,26 @@ def cmd_serve(args) -> int:
                                read_timeout_s=args.read_timeout)
     except ValueError as e:
         raise SystemExit(f"serve: {e}")
-    llm, engine_name = _open_llm(args, "serve", source, lambda geometry: _serve_frames(args, geometry))
-    service = Service.from_dir(llm, source, config)
+    try:  # the LLM is built in the engine process (runtime/service/wire.py says why)
+        service = Service.from_dir(EngineSpec(functools.partial(_serve_llm, args, source)), source, config)
+    except EngineStartError as e:
+        raise SystemExit(str(e))
     try:
         server = Server(service, args.host, args.port, backlog=args.backlog, shutdown_timeout_s=args.shutdown_timeout,
                         access_log=not args.no_access_log)
     except (OSError, ValueError) as e:
+        service.close()
         raise SystemExit(f"serve: {e}")
-    s = llm.scheduler.config
-    print(f"g4rt serve: {engine_name} as '{config.served_model_name}' on {server.url} ({llm.pool.num_frames} KV frames, "
-          f"max_num_seqs {s.max_num_seqs}, max_model_len {service.ctx.max_model_len}); warming up, GET /ready "
-          f"answers 200 when done; SIGTERM or Ctrl-C drains", flush=True)
+    info = service.engine.info
+    print(f"g4rt serve: {info['engine']} as '{config.served_model_name}' on {server.url} ({info['num_frames']} KV "
+          f"frames, max_num_seqs {info['max_num_seqs']}, max_model_len {service.ctx.max_model_len}); warming up, "
+          f"GET /ready answers 200 when done; SIGTERM or Ctrl-C drains", flush=True)
     return server.run()
+
+
+def _serve_llm(args, source: Path):
+    """`serve`'s LLM, built in the engine process (a module-level function: it is pickled to get there)."""
+    return _open_llm(args, "serve", source, lambda geometry: _serve_frames(args, geometry))[0]
 
 
 def cmd_bench_serve(args) -> int:
@@ -337,7 +348,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "GET /v1/models, /health (alive), /ready (503 until warm-up is done), /metrics "
                                    "(Prometheus). Streams as Server-Sent Events. Binds 127.0.0.1 unless --host says "
                                    "otherwise; /v1/* needs 'Authorization: Bearer KEY' when --api-key (or "
-                                   "G4RT_API_KEY) is set.")
+                                   "G4RT_API_KEY) is set. The engine (the LLM, its warm-up and steps) runs in a "
+                                   "process of its own, so HTTP, JSON and (de)tokenizing never slow a step; it stops "
+                                   "with the server, and the server stops (exit 1) if it dies.")
     _engine_args(v)
     v.set_defaults(max_num_seqs=256)
     v.add_argument("--host", default="127.0.0.1")

@@ -10,7 +10,8 @@ object per point.
 
 `python -m g4rt.bench.serve host --config e2b ...` serves a random checkpoint of a published size on
 the inductor engine (GPU) and, once SIGTERM has drained it, runs the same workload offline through the
-same warmed-up `LLM`: the two arms share every compiled kernel and captured graph.
+same warmed-up `LLM` in the service's engine process: the two arms share every compiled kernel and
+captured graph.
 
 The client is raw asyncio HTTP/1.1 (one connection per request, SSE parsed by hand) so that its own
 cost stays far below the server's: a general-purpose client spends more per chunk than a decode step
@@ -303,10 +304,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
 
 
-def host(argv) -> int:
-    """Serve a random checkpoint on the inductor engine, then run the same workload offline (see above)."""
-    import logging
-
+def _random_llm(a):
+    """The host's LLM (built in the service's engine process): a random checkpoint on the inductor engine."""
     import torch
 
     from g4rt.models.checkpoint import random_model
@@ -315,9 +314,38 @@ def host(argv) -> int:
     from g4rt.runtime.engines.inductor import InductorEngine
     from g4rt.runtime.llm import LLM
     from g4rt.runtime.scheduler import SchedulerConfig
+
+    t0 = time.perf_counter()
+    model = random_model(load_config(a.config), dtype=torch.bfloat16, device=a.device, seed=a.seed)
+    geometry = PageGeometry.build(model.layout, 16)
+    frames = int(a.kv_gib * 2**30) // geometry.frame_bytes()
+    cfg = SchedulerConfig(max_num_batched_tokens=max(a.chunk, 2048), chunk=a.chunk, max_num_seqs=a.max_num_seqs,
+                          max_model_len=a.max_model_len)
+    llm = LLM(InductorEngine(model, geometry, frames), frames, cfg, eos_ids=model.config.eos_token_ids)
+    print(f"g4rt bench host: built {a.config} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return llm
+
+
+def _offline_arm(a, llm) -> None:
+    """After the service stopped, in its engine process: the same workloads through the warmed-up `LLM`."""
+    from g4rt.runtime.service.engine_loop import warm_up
+
+    _emit(a, {"bench": "serve", "mode": "engine", "decode_graphs": len(getattr(llm.engine, "_graphs", {})),
+              "rewarm_s": warm_up(llm)})  # nothing new to compile or capture: it starts where the service left off
+    for rep in range(a.repeat):
+        for conc in a.concurrency:
+            items = _workload(a, conc)
+            _emit(a, _point(a, "offline", conc, None, rep, len(items), offline(llm, items, conc)))
+
+
+def host(argv) -> int:
+    """Serve a random checkpoint on the inductor engine, then run the same workload offline (see above)."""
+    import functools
+    import logging
+
     from g4rt.runtime.server import Server
     from g4rt.runtime.service.app import Service, ServiceConfig
-    from g4rt.runtime.service.engine_loop import warm_up
+    from g4rt.runtime.service.wire import EngineSpec
 
     p = argparse.ArgumentParser(prog="python -m g4rt.bench.serve host")
     add_arguments(p)
@@ -331,26 +359,17 @@ def host(argv) -> int:
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     t0 = time.perf_counter()
-    model = random_model(load_config(a.config), dtype=torch.bfloat16, device=a.device, seed=a.seed)
-    geometry = PageGeometry.build(model.layout, 16)
-    frames = int(a.kv_gib * 2**30) // geometry.frame_bytes()
-    cfg = SchedulerConfig(max_num_batched_tokens=max(a.chunk, 2048), chunk=a.chunk, max_num_seqs=a.max_num_seqs,
-                          max_model_len=a.max_model_len)
-    llm = LLM(InductorEngine(model, geometry, frames), frames, cfg, eos_ids=model.config.eos_token_ids)
+    spec = EngineSpec(functools.partial(_random_llm, a), after=functools.partial(_offline_arm, a))
+    service = Service(spec, ServiceConfig(served_model_name=a.config, max_queue=4096))
     build_s = time.perf_counter() - t0
-    service = Service(llm, ServiceConfig(served_model_name=a.config, max_queue=4096))
     server = Server(service, "127.0.0.1", a.port, access_log=False, shutdown_timeout_s=5)
-    print(f"g4rt bench host: {a.config} inductor on {server.url} ({frames} frames)", flush=True)
-    server.run()
-    _emit(a, {"bench": "serve", "mode": "host", "config": a.config, "build_s": build_s,
-              "warmup_s": service.engine.warmup_s, "frames": frames, "max_num_seqs": a.max_num_seqs,
-              "max_model_len": a.max_model_len, "decode_graphs": len(getattr(llm.engine, "_graphs", {}))})
-    warm_up(llm)  # nothing new to compile or capture: the offline arm starts where the service left off
-    for rep in range(a.repeat):
-        for conc in a.concurrency:
-            items = _workload(a, conc)
-            _emit(a, _point(a, "offline", conc, None, rep, len(items), offline(llm, items, conc)))
-    return 0
+    print(f"g4rt bench host: {a.config} inductor on {server.url} ({service.engine.info['num_frames']} frames)",
+          flush=True)
+    code = server.run()  # after the drain it waits for the engine process's offline arm
+    _emit(a, {"bench": "serve", "mode": "host", "config": a.config, "build_s": build_s, "exit_code": code,
+              "warmup_s": service.engine.warmup_s, "frames": service.engine.info["num_frames"],
+              "max_num_seqs": a.max_num_seqs, "max_model_len": a.max_model_len})
+    return code
 
 
 def main(argv=None) -> int:

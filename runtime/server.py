@@ -1,10 +1,12 @@
 """`g4rt serve`: the OpenAI-compatible service (runtime/service/) on uvicorn.
 
-`Server` owns the listening socket (bound before warm-up, listen backlog >= 2,048 so a burst of
-connections queues in the kernel instead of being reset), the uvicorn server and the service's
-threads. SIGTERM or SIGINT drain: readiness turns 503 and new requests are refused, running requests
+`Server` owns the listening socket (bound before warm-up ends, listen backlog >= 2,048 so a burst of
+connections queues in the kernel instead of being reset) and the uvicorn server; the `Service` owns
+the engine process. SIGTERM or SIGINT drain: readiness turns 503 and new requests are refused, running requests
 go on for `shutdown_timeout_s`, then whatever still runs is ended with a final chunk
-(finish_reason "abort"), connections close and `run()` returns 0. A second signal exits at once.
+(finish_reason "abort"), connections close, the engine process is stopped and waited for, and
+`run()` returns 0. A second signal exits at once. A dead engine process also shuts the server down,
+and `run()` returns 1.
 """
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class Server:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._looping = threading.Event()  # the event loop runs: shutdown() can reach it
         self._thread: threading.Thread | None = None
+        self.exit_code: int | None = None  # run()'s, once it returned
 
     @property
     def url(self) -> str:
@@ -62,14 +65,16 @@ class Server:
     def shutdown(self) -> None:
         """Begin draining (any thread; idempotent); a second call forces the exit."""
         if self._loop is not None:
-            self._loop.call_soon_threadsafe(self._begin_shutdown)
+            with contextlib.suppress(RuntimeError):  # the loop has closed: the server stopped already
+                self._loop.call_soon_threadsafe(self._begin_shutdown)
 
     def _begin_shutdown(self) -> None:
         if self.service.draining:
             self.uvicorn.force_exit = True
             return
-        log.info("draining: %d running, %d waiting; up to %.0f s", len(self.service.llm.scheduler.running),
-                 len(self.service.llm.scheduler.waiting), self.shutdown_timeout_s)
+        stats = self.service.engine.stats
+        log.info("draining: %d running, %d waiting; up to %.0f s", stats.running, stats.waiting,
+                 self.shutdown_timeout_s)
         self.service.draining = True
         self.service.engine.drain(self.shutdown_timeout_s)
         self.uvicorn.should_exit = True
@@ -88,15 +93,15 @@ class Server:
         """Serve until drained (blocking; signals are handled when called on the main thread). Returns 0,
         or 1 when the engine loop died (its traceback is in the log)."""
         self.service.engine.on_fatal = self.shutdown
-        self.service.start()
         try:
             _run_loop(self._main(threading.current_thread() is threading.main_thread()))
         finally:
             self.service.close()
             self.sock.close()
-        return 1 if self.service.engine.failed else 0
+        self.exit_code = 1 if self.service.engine.failed else 0
+        return self.exit_code
 
-    # ---- in-process use (tests, benchmarks) ----------------------------------------------------------
+    # ---- on a thread (tests) ------------------------------------------------------------------------
     def start(self) -> "Server":
         self._thread = threading.Thread(target=self.run, name="g4rt-http", daemon=True)
         self._thread.start()

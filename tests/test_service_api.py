@@ -1,9 +1,15 @@
-"""`g4rt serve` in-process on loopback, driven by the official `openai` client: the OpenAI API as
-`vllm serve` exposes it, on the tiny model (its tokenizer and Gemma-style chat template)."""
+"""`g4rt serve` on loopback (the server in this process, its engine in a spawned one), driven by the
+official `openai` client: the OpenAI API as `vllm serve` exposes it, on the tiny model (its tokenizer
+and Gemma-style chat template); the engine process's failure and shutdown."""
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import functools
 import json
+import multiprocessing as mp
+import os
+import signal
 import socket
 import threading
 import time
@@ -12,14 +18,18 @@ import httpx
 import openai
 import pytest
 import torch
+from fastapi.testclient import TestClient
 
+from g4rt.bench.serve import request
 from g4rt.models.checkpoint import load_model
 from g4rt.models.tiny import ensure_tiny
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 from g4rt.runtime.server import Server
-from g4rt.runtime.service.app import Service, ServiceConfig
+from g4rt.runtime.service.app import Service, ServiceConfig, build_app
+from g4rt.runtime.service.engine_loop import decode_bounds
+from g4rt.runtime.service.wire import EngineSpec
 
 CONFIG = SchedulerConfig(max_num_batched_tokens=128, chunk=64, max_num_seqs=16)
 FRAMES = 64
@@ -27,27 +37,31 @@ NAME = "tiny"
 KEY = "sk-test"
 
 
+class Switches:
+    """Test switches shared with the engine process: fail the next step, let steps run, let warm-up end."""
+
+    def __init__(self):
+        ctx = mp.get_context("spawn")
+        self.fail_next, self.running, self.warm = ctx.Event(), ctx.Event(), ctx.Event()
+        self.running.set()
+        self.warm.set()
+
+
 class TestEngine:
-    """The eager engine with switches: fail the next step, pause steps, hold warm-up."""
+    """The eager engine, obeying `Switches` (it runs in the engine process)."""
 
     __test__ = False
 
-    def __init__(self, inner):
-        self.inner, self.geometry, self.config = inner, inner.geometry, inner.config
-        self.fail_next = threading.Event()
-        self.running = threading.Event()
-        self.running.set()
-        self.warm = threading.Event()
-        self.warm.set()
+    def __init__(self, inner, switches: Switches):
+        self.inner, self.geometry, self.config, self.sw = inner, inner.geometry, inner.config, switches
 
     def warmup(self, **bounds) -> None:
-        self.bounds = bounds
-        assert self.warm.wait(30)
+        assert self.sw.warm.wait(30)
 
     def step(self, batch, seq_ids=(), **kw):
-        assert self.running.wait(30)
-        if self.fail_next.is_set():
-            self.fail_next.clear()
+        assert self.sw.running.wait(30)
+        if self.sw.fail_next.is_set():
+            self.sw.fail_next.clear()
             raise RuntimeError("injected engine failure")
         return self.inner.step(batch, seq_ids, **kw)
 
@@ -55,28 +69,41 @@ class TestEngine:
         self.inner.release(seq_id)
 
 
+def tiny_llm(d) -> LLM:
+    return LLM.paged(load_model(d, dtype=torch.float32, device="cpu"), num_frames=FRAMES, page_tokens=16,
+                     config=CONFIG)
+
+
+def test_llm(d, switches: Switches) -> LLM:
+    """The engine process's builder (module-level: it is pickled to get there)."""
+    llm = tiny_llm(d)
+    llm.engine = TestEngine(llm.engine, switches)
+    return llm
+
+
+test_llm.__test__ = False
+
+
 @pytest.fixture(scope="module")
 def tiny():
-    d = ensure_tiny()
-    return d, load_model(d, dtype=torch.float32, device="cpu")
+    return ensure_tiny()
 
 
 @contextlib.contextmanager
 def serving(tiny, wait_ready=True, hold_warmup=False, **cfg):
-    d, model = tiny
-    llm = LLM.paged(model, num_frames=FRAMES, page_tokens=16, config=CONFIG)
-    llm.engine = TestEngine(llm.engine)
+    sw = Switches()
     if hold_warmup:
-        llm.engine.warm.clear()
-    service = Service.from_dir(llm, d, ServiceConfig(**{"served_model_name": NAME, "read_timeout_s": 1.0, **cfg}))
+        sw.warm.clear()
+    service = Service.from_dir(EngineSpec(functools.partial(test_llm, tiny, sw)), tiny,
+                               ServiceConfig(**{"served_model_name": NAME, "read_timeout_s": 1.0, **cfg}))
     server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2).start()
     try:
         if wait_ready:
             wait_for(lambda: httpx.get(server.url + "/ready").status_code == 200)
-        yield server, llm
+        yield server, sw
     finally:
-        llm.engine.warm.set()
-        llm.engine.running.set()
+        sw.warm.set()
+        sw.running.set()
         server.stop()
 
 
@@ -107,14 +134,12 @@ def ready(server) -> dict:
 
 def idle(server) -> bool:
     r = ready(server)
-    return r["running"] == r["waiting"] == 0 and r["free_frames"] == r["frames"]
+    return r["running"] == r["waiting"] == r["requests"] == 0 and r["free_frames"] == r["frames"]
 
 
 def test_completion_matches_offline_generation(served, client, tiny):
-    d, model = tiny
     prompt = [2, 15, 7, 42, 9, 3, 11]
-    want = LLM.paged(model, num_frames=FRAMES, page_tokens=16, config=CONFIG).generate(
-        [prompt], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
+    want = tiny_llm(tiny).generate([prompt], SamplingParams(max_new_tokens=6, ignore_eos=True))[0]
     r = client.completions.create(model=NAME, prompt=prompt, max_tokens=6, temperature=0,
                                   extra_body={"ignore_eos": True, "return_token_ids": True})
     ch = r.choices[0]
@@ -273,6 +298,8 @@ def test_cors_only_for_allowed_origins(tiny):
         bad = httpx.options(server.url + "/v1/completions", headers={"Origin": "http://evil.example", **pre})
         assert ok.headers.get("access-control-allow-origin") == "http://ok.example"
         assert "access-control-allow-origin" not in bad.headers
+    proc = server.service.engine.proc
+    assert server.exit_code == 0 and proc.exitcode == 0 and gone(proc.pid)  # stopped and reaped, not killed
 
 
 def raw(server, head: bytes, timeout=10.0) -> socket.socket:
@@ -299,7 +326,7 @@ def test_body_limit_and_read_timeout(served):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_hangs_up_frees_its_pages(served, stream):
-    server, llm = served
+    server, _ = served
     body = json.dumps({"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True, "stream": stream}).encode()
     s = raw(server, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
             b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
@@ -308,15 +335,14 @@ def test_a_client_that_hangs_up_frees_its_pages(served, stream):
         assert s.recv(65536).startswith(b"HTTP/1.1 200")
     s.close()
     wait_for(lambda: idle(server), timeout=10)
-    assert llm.scheduler.seqs == {}
 
 
 def test_engine_failure_is_a_500_and_the_service_goes_on(served, client):
-    server, llm = served
-    llm.engine.fail_next.set()
+    server, sw = served
+    sw.fail_next.set()
     with pytest.raises(openai.InternalServerError, match="injected engine failure"):
         client.completions.create(model=NAME, prompt="Hello", max_tokens=4)
-    llm.engine.fail_next.set()
+    sw.fail_next.set()
     with pytest.raises(openai.APIError, match="injected engine failure"):  # an error event ends the stream
         list(client.completions.create(model=NAME, prompt="Hello", max_tokens=4, stream=True))
     r = client.completions.create(model=NAME, prompt="Hello", max_tokens=4, extra_body={"ignore_eos": True})
@@ -325,28 +351,59 @@ def test_engine_failure_is_a_500_and_the_service_goes_on(served, client):
 
 
 def test_not_ready_until_warm_and_queue_limit(tiny):
-    with serving(tiny, wait_ready=False, hold_warmup=True, max_queue=2) as (server, llm):
+    with serving(tiny, wait_ready=False, hold_warmup=True, max_queue=2) as (server, sw):
         wait_for(lambda: httpx.get(server.url + "/health").status_code == 200)
         assert httpx.get(server.url + "/ready").status_code == 503
         r = httpx.post(server.url + "/v1/completions", json={"prompt": "x"})
         assert r.status_code == 503 and "Retry-After" in r.headers
-        llm.engine.warm.set()
+        sw.warm.set()
         wait_for(lambda: httpx.get(server.url + "/ready").status_code == 200)
-        pt = llm.engine.geometry.page_tokens  # window 8: a decode step reads at most 2 sliding pages
-        assert llm.engine.bounds == {"max_seqs": 16, "max_sliding_pages": 2, "max_full_pages": 4096 // pt["full"]}
-        llm.engine.running.clear()  # steps stall: requests pile up waiting
+        sw.running.clear()  # steps stall: the engine reports nothing, the requests count as waiting
         c = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=60)
         done = []
         threads = [threading.Thread(target=lambda: done.append(
-            c.completions.create(model=NAME, prompt="Hi", max_tokens=2))) for _ in range(3)]
+            c.completions.create(model=NAME, prompt="Hi", max_tokens=2))) for _ in range(2)]
         for t in threads:
             t.start()
-            time.sleep(0.3)
-        wait_for(lambda: server.service.engine.num_waiting() + len(llm.scheduler.running) == 3)
+        wait_for(lambda: server.service.engine.num_waiting() == 2)
         with pytest.raises(openai.RateLimitError) as e:
             c.completions.create(model=NAME, prompt="Hi", max_tokens=2)
         assert e.value.response.headers["Retry-After"] == "1"
-        llm.engine.running.set()
+        sw.running.set()
         for t in threads:
             t.join(30)
-        assert len(done) == 3
+        assert len(done) == 2
+
+
+def test_warm_up_bounds_cover_every_decode_batch(tiny):
+    pt = tiny_llm(tiny).engine.geometry.page_tokens  # window 8: a decode step reads at most 2 sliding pages
+    assert decode_bounds(tiny_llm(tiny)) == {"max_seqs": 16, "max_sliding_pages": 2,
+                                             "max_full_pages": 4096 // pt["full"]}
+
+
+def test_a_dead_engine_process_fails_in_flight_requests_and_the_service(tiny):
+    with serving(tiny) as (server, _):
+        engine = server.service.engine
+        stream = {}
+        t = threading.Thread(target=lambda: stream.update(r=asyncio.run(request(
+            server.url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
+                                            "stream": True}))))
+        t.start()
+        wait_for(lambda: ready(server)["running"] == 1)
+        os.kill(engine.proc.pid, signal.SIGKILL)
+        t.join(20)
+        assert "engine process died (exit code -9)" in stream["r"].error and stream["r"].done
+        wait_for(lambda: server.exit_code is not None)  # the server shut itself down
+        assert server.exit_code == 1
+        with TestClient(build_app(server.service)) as tc:
+            assert tc.get("/health").status_code == 503 and tc.get("/ready").status_code == 503
+            assert tc.get("/ready").json()["engine_error"] == engine.failed
+    assert gone(engine.proc.pid)
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False

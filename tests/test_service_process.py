@@ -1,8 +1,10 @@
 """`g4rt serve` as a process on loopback: a burst of 512 streaming clients, a 50 MB body beside a
-running stream, SIGTERM draining. The client is bench/serve.py's (raw asyncio HTTP/1.1)."""
+running stream, SIGTERM draining (and the engine process gone after it). The client is bench/serve.py's (raw asyncio HTTP/1.1)."""
 from __future__ import annotations
 
 import asyncio
+import os
+import re
 import signal
 import socket
 import subprocess
@@ -121,3 +123,5 @@ def test_sigterm_drains_streams_and_exits_0(server):
     text = log.read_text()
     assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log
     assert "draining" in text
+    engine_pid = int(re.search(r"engine process (\d+)", text).group(1))
+    assert engine_pid != proc.pid and not os.path.exists(f"/proc/{engine_pid}")  # it exited and was reaped

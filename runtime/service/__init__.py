@@ -1,13 +1,18 @@
 """The OpenAI-compatible service behind `g4rt serve` (runtime/server.py runs it on uvicorn).
 
-Three threads of work, so that no step waits on a client and no client waits on a step:
+Two processes (as vLLM's API server and engine core), so that the step loop never waits on a
+client's Python and no client waits on a step:
 
-* the **event loop** (uvicorn) only reads bodies, checks auth and limits, and writes bytes;
-* **worker threads** parse and validate JSON, render chat templates and tokenize (prepare.py);
-* the **engine thread** owns the `LLM` and steps it whenever there is work (engine_loop.py); after
-  each step it hands the new token ids to
-* the **output thread** (outputs.py), which detokenizes incrementally, applies stop strings, formats
-  logprobs and encodes the SSE chunks and responses, then posts them to the event loop in one call.
+* the **engine process** (engine_loop.py, multiprocessing "spawn") owns the `LLM`: it builds it,
+  warms it up, and steps whenever there is work; after each step it sends every request's new token
+  ids in one message over a pipe (wire.py);
+* the **API process** keeps everything else. Its **event loop** (uvicorn) only reads bodies, checks
+  auth and limits, and writes bytes; **worker threads** parse and validate JSON, render chat
+  templates and tokenize (prepare.py); a **sender thread** forwards new requests and cancellations
+  to the engine, and a **reader thread** (client.py) takes the engine's messages and detokenizes,
+  applies stop strings, formats logprobs and encodes the SSE chunks and responses (outputs.py),
+  then posts them to the event loop in one call.
 
-Modules import one way: protocol, text, chat, metrics  <-  prepare, outputs  <-  engine_loop  <-  app.
+Modules import one way: protocol, text, chat, metrics, wire  <-  prepare, outputs, engine_loop
+<-  client  <-  app.
 """

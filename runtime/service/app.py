@@ -1,4 +1,4 @@
-"""The HTTP surface: a FastAPI app over one `Service` (engine thread + output thread + prepare pool).
+"""The HTTP surface: a FastAPI app over one `Service` (engine process + its client + prepare pool).
 
 The event loop does I/O only. A request's body is read with a size limit (checked on Content-Length
 before anything is read, and again while reading) and a read timeout, handed to a worker thread to be
@@ -19,14 +19,14 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ..llm import LLM
 from . import prepare
 from .chat import ChatTemplate
-from .engine_loop import EngineLoop
+from .client import EngineClient
 from .metrics import Metrics
-from .outputs import Job, OutputThread
+from .outputs import Job, Outputs
 from .protocol import APIError, model_card, now
 from .text import Tokenizer
+from .wire import EngineSpec
 
 log = logging.getLogger("g4rt.serve")
 
@@ -36,7 +36,7 @@ class ServiceConfig:
     """The service's policy knobs (the engine's capacity lives in the LLM's SchedulerConfig)."""
 
     served_model_name: str = "g4rt"
-    max_queue: int = 1024  # requests waiting for admission beyond which new ones get 429
+    max_queue: int = 1024  # requests not yet started by the engine beyond which new ones get 429
     api_key: str | None = None
     allowed_origins: tuple[str, ...] = ()
     max_body_bytes: int = 1 << 20
@@ -44,53 +44,53 @@ class ServiceConfig:
     retry_after_s: int = 1
     prepare_threads: int = 4
     warmup: bool = True
+    engine_stop_timeout_s: float = 30.0  # after the drain: how long the engine process gets to exit
 
     def __post_init__(self):
         for name in ("max_queue", "max_body_bytes", "prepare_threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        if not self.read_timeout_s > 0:
-            raise ValueError(f"read_timeout_s must be positive, got {self.read_timeout_s!r}")
+        for name in ("read_timeout_s", "engine_stop_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 
 
 class Service:
-    """One LLM behind its engine and output threads; `app()` is its HTTP front end."""
+    """One engine process behind its client; `build_app(service)` is its HTTP front end.
 
-    def __init__(self, llm: LLM, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
+    Constructing it starts the engine process and returns once that has built its LLM (warm-up then
+    goes on there: `ready` turns true when it is done); EngineStartError says why a build failed."""
+
+    def __init__(self, engine: EngineSpec, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
                  template: ChatTemplate | None = None):
-        self.llm, self.config = llm, config
-        self.ctx = prepare.Context(config.served_model_name, llm.scheduler.max_model_len, tokenizer, template)
+        self.config = config
         self.metrics = Metrics()
-        self.engine: EngineLoop | None = None
-        self.outputs = OutputThread(tokenizer, self.metrics, lambda rids: self.engine.cancel(rids))
-        self.engine = EngineLoop(llm, self.outputs, self.metrics, warmup=config.warmup)
+        self.outputs = Outputs(tokenizer, self.metrics, lambda cids: self.engine.cancel(cids))
+        self.engine = EngineClient(engine, self.metrics, self.outputs, warmup=config.warmup,
+                                   stop_timeout_s=config.engine_stop_timeout_s)
+        self.ctx = prepare.Context(config.served_model_name, self.engine.info["max_model_len"], tokenizer, template)
         self.pool = ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="g4rt-prepare")
         self.draining = False
         self.created = now()
 
     @classmethod
-    def from_dir(cls, llm: LLM, model_dir, config: ServiceConfig = ServiceConfig()) -> "Service":
+    def from_dir(cls, engine: EngineSpec, model_dir, config: ServiceConfig = ServiceConfig()) -> "Service":
         """Tokenizer and chat template from a model or engine directory (either may be absent)."""
-        return cls(llm, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir))
-
-    def start(self) -> "Service":
-        self.outputs.start()
-        self.engine.start()
-        return self
+        return cls(engine, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir))
 
     def close(self) -> None:
         self.engine.close()
-        self.outputs.close()
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     @property
     def ready(self) -> bool:
-        return self.engine.ready.is_set() and not self.draining
+        return self.engine.ready.is_set() and not self.draining and self.engine.failed is None
 
     def stats(self) -> dict:
-        s, pool = self.llm.scheduler, self.llm.pool
-        return {"ready": self.ready, "draining": self.draining, "running": len(s.running), "waiting": len(s.waiting),
-                "free_frames": pool.num_free, "frames": pool.num_frames, "warmup_s": self.engine.warmup_s}
+        s = self.engine.stats
+        return {"ready": self.ready, "draining": self.draining, "running": s.running, "waiting": s.waiting,
+                "requests": s.requests, "free_frames": s.free, "frames": s.total, "warmup_s": self.engine.warmup_s,
+                "engine_error": self.engine.failed}
 
     # ---- one generation request ------------------------------------------------------------------
     async def generate(self, request: Request, prepare_fn) -> Response:
@@ -108,7 +108,7 @@ class Service:
         try:
             await job.accepted
         except asyncio.CancelledError:
-            self.engine.cancel(job.rids())
+            self.engine.cancel(job.cids())
             raise
         if spec.stream:
             return SSEResponse(job, self.engine.cancel)
@@ -118,7 +118,7 @@ class Service:
         finally:
             waiter.cancel()
         if not job.result.done():  # the client hung up: stop its requests now
-            self.engine.cancel(job.rids())
+            self.engine.cancel(job.cids())
             return Response(status_code=499)
         status, data = job.result.result()
         return Response(data, status_code=status, media_type="application/json")
@@ -153,7 +153,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 class SSEResponse(Response):
     """text/event-stream of a job's chunks; a hang-up (seen on receive or on send) cancels the job."""
 
-    def __init__(self, job: Job, cancel):  # no body to render: the chunks come from the output thread
+    def __init__(self, job: Job, cancel):  # no body to render: the chunks come from the reader thread
         self.job, self.cancel = job, cancel
         self.status_code, self.background = 200, None
 
@@ -170,7 +170,7 @@ class SSEResponse(Response):
             if not pump.done():
                 pump.cancel()
             if not pump.done() or pump.cancelled() or pump.exception() is not None:
-                self.cancel(self.job.rids())
+                self.cancel(self.job.cids())
 
     async def _pump(self, send) -> None:
         q = self.job.chunks
@@ -241,6 +241,8 @@ def build_app(service: Service) -> FastAPI:
 
     @app.get("/health")
     async def health():
+        if service.engine.failed:
+            return JSONResponse({"status": "failed", "error": service.engine.failed}, status_code=503)
         return {"status": "ok"}
 
     @app.get("/ready")

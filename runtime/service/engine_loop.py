@@ -1,16 +1,19 @@
-"""The engine thread: the only code that touches the `LLM`.
+"""The engine process: the only code that touches the `LLM` (wire.py says why it is a process).
 
-It warms the engine up (every decode graph the scheduler can ask for, then a few real requests
-through the whole path) before it reports ready, then steps whenever there is work. Between steps it
-takes new requests and cancellations from a queue; after each step it hands the new tokens to the
-output thread. A step that raises fails the requests it held (the scheduler ends them with the error)
-and the loop goes on with the rest.
+`engine_main` builds the LLM from an `EngineSpec`, warms it up (every decode graph the scheduler can
+ask for, then a few real requests through the whole path) before it reports ready, then steps
+whenever there is work. Between steps it reads the API process's commands off the pipe (without
+waiting while there is work); after each step it sends every choice's new tokens in one message. A
+step that raises fails the requests it held (the scheduler ends them with the error) and the loop
+goes on with the rest. The process ignores SIGINT and SIGTERM (a terminal or a service manager sends
+them to the whole group): the API process drains and stops it, and it exits on its own when that
+process goes away (the pipe's end of file).
 """
 from __future__ import annotations
 
 import logging
-import queue
-import threading
+import os
+import signal
 import time
 
 import torch
@@ -18,9 +21,7 @@ import torch
 from ..admission import RequestTooLarge
 from ..llm import LLM
 from ..sampling import SamplingParams
-from .metrics import Metrics
-from .outputs import Choice, Job, OutputThread, Update, accept
-from .protocol import APIError
+from .wire import Add, EngineSpec
 
 log = logging.getLogger("g4rt.serve")
 
@@ -65,70 +66,62 @@ def warm_up(llm: LLM) -> float:
     return seconds
 
 
-class _Tracked:
-    __slots__ = ("choice", "sent", "scheduled", "logprobs")
+def engine_main(conn, spec: EngineSpec, warmup: bool, log_level: int) -> None:
+    """The engine process's entry point (multiprocessing, "spawn": CUDA cannot be used after a fork)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s[engine]: %(message)s")
+    try:
+        llm = spec.build()
+    except BaseException as e:  # SystemExit from the CLI's builders carries their message
+        if not isinstance(e, SystemExit):
+            log.exception("building the engine failed")
+        conn.send(("failed", str(e) if isinstance(e, SystemExit) else f"{type(e).__name__}: {e}"))
+        return
+    s = llm.scheduler
+    conn.send(("built", {"max_model_len": s.max_model_len, "num_frames": llm.pool.num_frames,
+                         "max_num_seqs": s.config.max_num_seqs, "engine": type(llm.engine).__name__,
+                         "pid": os.getpid()}))
+    try:
+        EngineLoop(llm, conn, warmup).serve()
+    except BaseException as e:
+        log.exception("the engine loop stopped; the service cannot go on")
+        try:
+            conn.send(("fatal", f"{type(e).__name__}: {e}"))
+        except OSError:
+            pass  # the API process is gone too
+        raise SystemExit(1) from None
+    if spec.after is not None:
+        spec.after(llm)
 
-    def __init__(self, choice: Choice, logprobs: bool):
-        self.choice, self.sent, self.scheduled, self.logprobs = choice, 0, False, logprobs
+
+class _Tracked:
+    __slots__ = ("cid", "sent", "scheduled", "logprobs")
+
+    def __init__(self, cid: int, logprobs: bool):
+        self.cid, self.sent, self.scheduled, self.logprobs = cid, 0, False, logprobs
 
 
 class EngineLoop:
-    def __init__(self, llm: LLM, outputs: OutputThread, metrics: Metrics, warmup: bool = True):
-        self.llm, self.outputs, self.metrics, self.warmup = llm, outputs, metrics, warmup
-        self.ready = threading.Event()
-        self.failed: BaseException | None = None  # set when the loop itself died (warm-up or a bug)
-        self.on_fatal = lambda: None  # called from the engine thread after `failed` is set
-        self.warmup_s: float | None = None
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._tracked: dict[int, _Tracked] = {}
+    def __init__(self, llm: LLM, conn, warmup: bool = True):
+        self.llm, self.conn, self.warmup = llm, conn, warmup
+        self._tracked: dict[int, _Tracked] = {}  # engine request id -> its choice
+        self._rids: dict[int, int] = {}  # choice id -> engine request id
+        self._finished: list = []  # outputs taken while refusing an admission, published with the next step
         self._deadline: float | None = None  # drain: abort what still runs at this time
-        self._thread = threading.Thread(target=self._run, name="g4rt-engine", daemon=True)
 
-    # ---- any thread ------------------------------------------------------------------------------
-    def start(self) -> "EngineLoop":
-        self._thread.start()
-        return self
-
-    def submit(self, job: Job) -> None:
-        self._inbox.put(("add", job))
-
-    def cancel(self, rids: list[int]) -> None:
-        if rids:
-            self._inbox.put(("cancel", rids))
-
-    def drain(self, timeout_s: float) -> None:
-        """Let running requests finish for `timeout_s`, then end them (their streams get a final chunk)."""
-        self._inbox.put(("drain", time.monotonic() + timeout_s))
-
-    def close(self) -> None:
-        self._inbox.put(("stop",))
-        self._thread.join(timeout=30)
-
-    def num_waiting(self) -> int:
-        """Requests not yet running (queued in the scheduler or not yet taken from the inbox)."""
-        return len(self.llm.scheduler.waiting) + self._inbox.qsize()
-
-    # ---- the engine thread -----------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            self._serve()
-        except BaseException as e:
-            log.exception("the engine loop stopped; the service cannot go on")
-            self.failed = e
-            self.on_fatal()
-
-    def _serve(self) -> None:
+    def serve(self) -> None:
         with torch.inference_mode():
-            if self.warmup:
-                self.warmup_s = warm_up(self.llm)
-            self.ready.set()
-            self.metrics.ready.set(1)
+            warmup_s = warm_up(self.llm) if self.warmup else None
+            self._publish([], None)  # the KV pool's size and state before any request
+            self.conn.send(("ready", warmup_s))
             while self._take(block=not self.llm.has_unfinished()):
                 if self._deadline is not None and time.monotonic() >= self._deadline:
+                    self._deadline = None  # once: the server refuses new requests while it drains
                     for rid in list(self._tracked):
                         self.llm.cancel(rid)
                 if not self.llm.has_unfinished():
-                    self._publish(self.llm.take_finished())
+                    self._publish(self.llm.take_finished(), None)
                     continue
                 t0 = time.perf_counter()
                 try:
@@ -136,58 +129,58 @@ class EngineLoop:
                 except Exception:
                     log.exception("engine step failed; its requests end with an error, the service goes on")
                     finished = self._fail_running()
-                self.metrics.step.observe(time.perf_counter() - t0)
-                self._publish(finished)
+                self._publish(finished, time.perf_counter() - t0)
 
     def _take(self, block: bool) -> bool:
-        """Handle queued commands; False once asked to stop."""
+        """Handle the commands that came in (waiting for one when `block`); False once told to stop or
+        once the API process is gone."""
         timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic()) + 0.01
+        accepted = []
         try:
-            item = self._inbox.get(timeout=timeout) if block else self._inbox.get_nowait()
-            while True:
-                if item[0] == "stop":
-                    return False
-                self._handle(item)
-                item = self._inbox.get_nowait()
-        except queue.Empty:
-            return True
+            ready = self.conn.poll(timeout if block else 0)
+            while ready:
+                for kind, arg in self.conn.recv():
+                    if kind == "stop":
+                        return False
+                    if kind == "add":
+                        accepted.append(self._add(arg))
+                    elif kind == "cancel":
+                        for cid in arg:
+                            if cid in self._rids:
+                                self.llm.cancel(self._rids[cid])
+                    elif kind == "drain":
+                        self._deadline = time.monotonic() + arg
+                ready = self.conn.poll(0)
+        except EOFError:
+            log.warning("the API process went away; the engine stops")
+            return False
+        if accepted:  # before the step: a refusal (or the stream's headers) need not wait for it
+            self.conn.send(("accepted", accepted))
+        return True
 
-    def _handle(self, item) -> None:
-        kind, arg = item
-        if kind == "drain":
-            self._deadline = arg
-        elif kind == "cancel":
-            for rid in arg:
-                if rid in self._tracked:
-                    self.llm.cancel(rid)
-        else:
-            self._add(arg)
-
-    def _add(self, job: Job) -> None:
+    def _add(self, add: Add) -> tuple:
         added = []
         try:
-            for choice, (p, params) in zip(job.choices, job.spec.choices):
-                rid = self.llm.add_request(job.spec.prompts[p], params, logprobs=job.spec.logprobs)
-                choice.rid = rid
+            for cid, p, params in add.choices:
+                rid = self.llm.add_request(add.prompts[p], params, logprobs=add.logprobs)
                 added.append(rid)
-                self._tracked[rid] = _Tracked(choice, job.spec.logprobs is not None)
+                self._rids[cid] = rid
+                self._tracked[rid] = _Tracked(cid, add.logprobs is not None)
         except RequestTooLarge as e:
-            self._refuse(job, added, APIError(422, str(e), "max_tokens", "kv_capacity_exceeded"))
+            return self._refuse(add.key, added, (422, str(e), "max_tokens", "kv_capacity_exceeded"))
         except ValueError as e:
-            self._refuse(job, added, APIError(400, str(e), "prompt"))
+            return self._refuse(add.key, added, (400, str(e), "prompt", None))
         except Exception as e:
             log.exception("admitting a request failed")
-            self._refuse(job, added, APIError(500, f"internal error: {type(e).__name__}"))
-        else:
-            self.metrics.prompt_tokens.inc(sum(len(job.spec.prompts[p]) for p, _ in job.spec.choices))
-            accept(job)
+            return self._refuse(add.key, added, (500, f"internal error: {type(e).__name__}", None, None))
+        return (add.key, None)
 
-    def _refuse(self, job: Job, added: list[int], err: APIError) -> None:
+    def _refuse(self, key: int, added: list[int], error: tuple) -> tuple:
         for rid in added:
             self.llm.cancel(rid)
-            del self._tracked[rid]
-        self.llm.take_finished()
-        accept(job, err)
+            del self._rids[self._tracked.pop(rid).cid]
+        self._finished += self.llm.take_finished()  # others' outputs among them are published as usual
+        return (key, error)
 
     def _fail_running(self):
         """After a step raised: requests the scheduler did not end (the failure was outside the engine
@@ -199,35 +192,33 @@ class EngineLoop:
             finished += self.llm.take_finished()
         return finished
 
-    def _publish(self, finished) -> None:
+    def _publish(self, finished, step_s: float | None) -> None:
+        """Send the step's `Update`s and `Stats` (wire.py) as plain tuples, in one message."""
         now = time.perf_counter()
         updates = []
+        if self._finished:
+            finished, self._finished = self._finished + finished, []
         for out in finished:
             tr = self._tracked.pop(out.request_id, None)
             if tr is not None:
+                del self._rids[tr.cid]
                 lps = out.logprobs[tr.sent:] if tr.logprobs and out.logprobs is not None else None
-                updates.append(Update(tr.choice, out.token_ids[tr.sent:], lps, out.finish_reason, out.error))
-        for seq in self.llm.scheduler.running:
+                updates.append((tr.cid, out.token_ids[tr.sent:], lps, out.finish_reason, out.error, None))
+        s = self.llm.scheduler
+        for seq in s.running:
             tr = self._tracked.get(seq.seq_id)
             if tr is None:
                 continue
             queue_s = None
             if not tr.scheduled:
                 tr.scheduled, queue_s = True, now - seq.arrival
-            tokens = seq.output
-            if len(tokens) > tr.sent or queue_s is not None:
-                lps = self.llm.token_logprobs(seq.seq_id)[tr.sent:len(tokens)] if tr.logprobs else None
-                updates.append(Update(tr.choice, tokens[tr.sent:], lps, queue_s=queue_s))
-                tr.sent = len(tokens)
-        if updates:
-            self.outputs.put(updates)
-        self._gauges()
-
-    def _gauges(self) -> None:
-        m, s, pool = self.metrics, self.llm.scheduler, self.llm.pool
-        m.running.set(len(s.running))
-        m.waiting.set(len(s.waiting))
-        m.frames.labels("sliding", "used").set(sum(len(q.pages.sliding.frames) for q in s.running if q.pages))
-        m.frames.labels("full", "used").set(sum(len(q.pages.full.frames) for q in s.running if q.pages))
-        m.frames.labels("all", "free").set(pool.num_free)
-        m.frames.labels("all", "total").set(pool.num_frames)
+            n = len(seq.tokens) - len(seq.prompt)  # tokens generated (seq.output would copy them all)
+            if n > tr.sent or queue_s is not None:
+                lps = self.llm.token_logprobs(seq.seq_id)[tr.sent:n] if tr.logprobs else None
+                updates.append((tr.cid, seq.tokens[len(seq.prompt) + tr.sent:], lps, None, None, queue_s))
+                tr.sent = n
+        pool = self.llm.pool
+        stats = (len(s.running), len(s.waiting), len(s.seqs),
+                      sum(len(q.pages.sliding.frames) for q in s.running if q.pages),
+                      sum(len(q.pages.full.frames) for q in s.running if q.pages), pool.num_free, pool.num_frames)
+        self.conn.send(("out", updates, step_s, stats))

@@ -1,9 +1,10 @@
-"""The output thread: engine token ids -> text, stop strings, logprobs, SSE chunks and responses.
+"""Engine token ids -> text, stop strings, logprobs, SSE chunks and responses (the API process).
 
-The engine thread hands over, after each step, the new tokens of every request that got any
-(`Update`s); this thread turns them into bytes and posts one callback per batch to the event loop,
-which only writes them. A `Job` is one HTTP request (n choices x prompts); a `Choice` is one engine
-request and is touched by this thread alone once it runs.
+The engine process sends, after each step, the new tokens of every choice that got any (wire.Update);
+the client's reader thread (client.py) hands them to `Outputs.apply`, which turns them into bytes and
+posts one callback per batch to the event loop, which only writes them. A `Job` is one HTTP request
+(n choices x prompts); a `Choice` is one engine request and is touched by the reader thread alone
+once it runs.
 """
 from __future__ import annotations
 
@@ -11,29 +12,15 @@ import asyncio
 import contextlib
 import json
 import logging
-import queue
-import threading
 import time
-from dataclasses import dataclass
 
 from .metrics import Metrics
 from .prepare import Spec
 from .protocol import APIError, SSE_DONE, new_id, now, sse, usage
 from .text import IncrementalDetokenizer, StopStrings, Tokenizer
+from .wire import Update
 
 log = logging.getLogger("g4rt.serve")
-
-
-@dataclass
-class Update:
-    """New tokens of one engine request after a step; `finish_reason`/`error` once it ended."""
-
-    choice: "Choice"
-    token_ids: list[int]
-    logprobs: list | None  # per token: (logprob, [(id, logprob), ...]) when requested
-    finish_reason: str | None = None
-    error: str | None = None
-    queue_s: float | None = None  # set on the first update after it was first scheduled
 
 
 class Choice:
@@ -50,7 +37,7 @@ class Choice:
         self.finish_reason: str | None = None
         self.error: str | None = None
         self.last_time: float | None = None
-        self.rid: int | None = None  # the engine's request id (set on the engine thread at admission)
+        self.cid: int | None = None  # the id the engine process knows it by (set when the job is submitted)
         self.last_sent = False  # a streamed chunk went out (chat: the first one carries the role)
 
     @property
@@ -72,8 +59,8 @@ class Job:
         self.result: asyncio.Future = loop.create_future()  # (status, body bytes) when not streaming
         self.finished = False
 
-    def rids(self) -> list[int]:
-        return [c.rid for c in self.choices if c.rid is not None]
+    def cids(self) -> list[int]:
+        return [c.cid for c in self.choices if c.cid is not None]
 
 
 def _set(fut: asyncio.Future, value=None, error: BaseException | None = None) -> None:
@@ -81,50 +68,40 @@ def _set(fut: asyncio.Future, value=None, error: BaseException | None = None) ->
         fut.set_exception(error) if error else fut.set_result(value)
 
 
-def accept(job: Job, error: APIError | None = None) -> None:
-    """From the engine thread: the job's requests were admitted (or refused with `error`)."""
-    with contextlib.suppress(RuntimeError):  # the event loop already closed (shutdown)
-        job.loop.call_soon_threadsafe(_set, job.accepted, True, error)
-
-
-class OutputThread:
+class Outputs:
     def __init__(self, tokenizer: Tokenizer | None, metrics: Metrics, cancel):
         self.tok = tokenizer
         self.metrics = metrics
-        self.cancel = cancel  # cancel(rids): stop strings end requests the engine still runs
-        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name="g4rt-outputs", daemon=True)
+        self.cancel = cancel  # cancel(cids): stop strings end choices the engine still runs
 
-    def start(self) -> "OutputThread":
-        self._thread.start()
-        return self
+    def apply(self, updates: list[tuple[Choice, Update]], accepted: list = ()) -> None:
+        """Format a step's updates and post them, with `accepted` jobs' (job, error or None), to the
+        event loop in one call."""
+        posts: dict[asyncio.AbstractEventLoop, list] = {}
+        for job, err in accepted:
+            posts.setdefault(job.loop, []).append((job, "accepted", err))
+        try:
+            for c, u in updates:
+                for item in self._apply(c, u):
+                    posts.setdefault(c.job.loop, []).append(item)
+        except Exception:  # a formatting bug must not take the service down: fail that batch's jobs
+            log.exception("formatting a step's output failed")
+            for c, _ in updates:
+                posts.setdefault(c.job.loop, []).extend(
+                    self._fail(c.job, APIError(500, "internal error while formatting output")))
+        _post(posts)
 
-    def close(self) -> None:
-        self._inbox.put(None)
-        self._thread.join(timeout=10)
-
-    def put(self, updates: list[Update]) -> None:
-        self._inbox.put(updates)
-
-    def _run(self) -> None:
-        while (updates := self._inbox.get()) is not None:
-            posts: dict[asyncio.AbstractEventLoop, list] = {}
-            try:
-                for u in updates:
-                    for item in self._apply(u):
-                        posts.setdefault(u.choice.job.loop, []).append(item)
-            except Exception:  # a formatting bug must not take the service down: fail that batch's jobs
-                log.exception("output thread failed on a batch")
-                for u in updates:
-                    posts.setdefault(u.choice.job.loop, []).extend(
-                        self._fail(u.choice.job, APIError(500, "internal error while formatting output")))
-            for loop, items in posts.items():
-                with contextlib.suppress(RuntimeError):  # the event loop already closed (shutdown)
-                    loop.call_soon_threadsafe(_deliver, items)
+    def fail(self, jobs, err: APIError) -> None:
+        """End every job in `jobs` with `err` (the engine process died): pending admissions and streams."""
+        posts: dict[asyncio.AbstractEventLoop, list] = {}
+        for job in jobs:
+            posts.setdefault(job.loop, []).append((job, "accepted", err))
+            posts[job.loop] += self._fail(job, err)
+        _post(posts)
 
     # ---- one update ----------------------------------------------------------------------------
-    def _apply(self, u: Update) -> list:
-        c, job, m = u.choice, u.choice.job, self.metrics
+    def _apply(self, c: Choice, u: Update) -> list:
+        job, m = c.job, self.metrics
         if c.done or job.finished:
             return []
         t = time.perf_counter()
@@ -152,7 +129,7 @@ class OutputThread:
         if c.stops.hit:
             reason = "stop"
             if not final:
-                self.cancel([c.rid])
+                self.cancel([c.cid])
         if reason is not None:
             c.finish_reason = {"cancelled": "abort"}.get(reason, reason)
             c.error = u.error
@@ -249,16 +226,24 @@ class OutputThread:
         if job.finished:
             return []
         job.finished = True
-        self.cancel(job.rids())
+        self.cancel(job.cids())
         if job.spec.stream:
             return [(job, "chunk", sse(err.body())), (job, "chunk", SSE_DONE), (job, "chunk", None)]
         return [(job, "result", (err.status, json.dumps(err.body()).encode()))]
 
 
+def _post(posts: dict) -> None:
+    for loop, items in posts.items():
+        with contextlib.suppress(RuntimeError):  # the event loop already closed (shutdown)
+            loop.call_soon_threadsafe(_deliver, items)
+
+
 def _deliver(items: list) -> None:
-    """On the event loop: hand each job its chunks or its result."""
+    """On the event loop: hand each job its admission, its chunks or its result."""
     for job, kind, payload in items:
         if kind == "chunk":
             job.chunks.put_nowait(payload)
+        elif kind == "accepted":
+            _set(job.accepted, True, payload)
         else:
             _set(job.result, payload)
