@@ -21,7 +21,7 @@ Throughput stages (`--decode-steps`, `--ttft`, `--sampler`) share one inductor e
 * decode steps: B requests decoding together, host wall per `LLM.step()` against the replay of the
   CUDA graph it runs, the overlapped step loop and one-step-at-a-time alternated on the same requests;
 * time to first token per prefill chunk size, arms alternated, against the bf16 compute floor;
-* the batched sampler's cost at 256 rows of the full vocabulary.
+* the sampler's cost at 256 rows of the full vocabulary, old vs new (bench/kernels.py sampler_cases).
 """
 from __future__ import annotations
 
@@ -43,11 +43,12 @@ from g4rt.plugins.buckets import pow2_bucket
 from g4rt.runtime.admission import promise_for
 from g4rt.runtime.engines.inductor import ArenaStep, InductorEngine
 from g4rt.runtime.llm import LLM
-from g4rt.runtime.sampling import BatchSampler, SamplingParams, SamplingRows
+from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
 from .common import ceilings, log_json, sync
+from .kernels import sampler_cases
 
 
 def weight_bytes_per_step(model, batch: int = 1) -> int:
@@ -346,27 +347,6 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
              "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)} for c, t in times.items()]
 
 
-@torch.inference_mode()
-def sampler_cost(vocab: int, rows: int = 256, reps: int = 10) -> list[dict]:
-    """GPU ms of the batched sampler on `rows` random logits rows, per kind of row settings."""
-    logits = torch.randn(rows, vocab, device="cuda") * 4
-    sample = BatchSampler()
-    kinds = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_50": (1.0, 50, 1.0),
-             "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9)}
-    out = []
-    for name, (t, k, p) in kinds.items():
-        settings = SamplingRows([t] * rows, [k] * rows, [p] * rows, list(range(rows)), [3] * rows)
-        sample(logits, settings)
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            sample(logits, settings)
-        sync()
-        out.append({"stage": "sampler", "rows": rows, "vocab": vocab, "kind": name,
-                    "ms": round((time.perf_counter() - t0) / reps * 1e3, 3)})
-    return out
-
-
 def hf_model_from(model):
     """HF `Gemma4ForCausalLM` on the GPU holding a copy of `model`'s weights (same names under `model.`)."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
@@ -413,8 +393,8 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     prompts = [int(x) for x in a.ttft.split(",") if x]
     chunks = [int(x) for x in a.ttft_chunks.split(",") if x]
     if a.sampler:
-        for r in sampler_cost(model.config.vocab_size):
-            log(r)
+        for r in sampler_cases(model.config.vocab_size, row_counts=(256,), reps=a.reps):
+            log({"stage": "sampler", **r})
     if not (steps or prompts):
         return True
     geometry = PageGeometry.build(model.layout)
@@ -472,7 +452,8 @@ def main(argv=None) -> int:
     ap.add_argument("--ttft", default="", help="prompt lengths whose time to first token is measured, e.g. 2048,8192")
     ap.add_argument("--ttft-chunks", default="512,2048,8192", help="prefill chunk sizes the --ttft arms use")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each throughput arm")
-    ap.add_argument("--sampler", action="store_true", help="time the batched sampler at 256 rows")
+    ap.add_argument("--sampler", action="store_true", help="time the sampler at 256 rows, old vs new "
+                    "(python -m g4rt.bench.kernels --sampler times it without building a model)")
     ap.add_argument("--stop-after", type=float, default=0.0,
                     help="seconds after which the throughput stages still to run are skipped (0: none)")
     a = ap.parse_args(argv)

@@ -1,6 +1,7 @@
 """GPU benchmark of the paged-attention kernels against the machine's own ceilings.
 
     python -m g4rt.bench.kernels --out DIR [--quick]
+    python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -14,6 +15,10 @@ ceilings), then for Gemma 4's real attention shapes
 * chunked prefill of 8k tokens (full and sliding layer) in TFLOP/s vs the matmul rate;
 * small tile-config sweeps, so defaults can be set from numbers.
 
+`--sampler` instead times the token sampler (plugins/triton_sampling.py, `g4rt::sample`) against the
+torch sampler it replaced (`OldSampler`, kept here as the baseline) at 262,144 vocabulary entries,
+after checking each of its outputs against the torch reference (sampler_cases).
+
 Every case runs in its own try block: a failing shape is recorded with its error and the run goes
 on. Results: DIR/results.json (everything) and DIR/results.md (tables). Inputs are random (never
 zeros) and page tables are shuffled. Total runtime target: ~5 min on an H200, < 90 s with --quick.
@@ -24,14 +29,17 @@ import argparse
 import json
 import math
 import os
+import statistics
 import time
 import traceback
 from dataclasses import dataclass
 
 import torch
 
+from g4rt.models.step import to_device
 from g4rt.plugins import reference
 from g4rt.plugins import triton_attention as ta
+from g4rt.runtime.sampling import BatchSampler, SamplingRows
 
 from .common import ceilings, time_ms, time_ms_eager
 
@@ -219,6 +227,135 @@ def prefill_case(layer, q_len, ctx, peak, config=None, check=True):
     return rec
 
 
+class OldSampler:
+    """The torch sampler `g4rt::sample` replaced (runtime/sampling.py before issue 12's kernel), kept as
+    the speed baseline: per-(seed, counter, id) noise from a 32-bit integer hash in eager int64 torch ops
+    over [rows, vocab], `torch.topk` per top-k width group, a full sort for top-p."""
+
+    M32 = 0xFFFFFFFF
+
+    @classmethod
+    def _mix32(cls, x):
+        x = x ^ (x >> 16)
+        x = (x * 0x21F0AAAD) & cls.M32
+        x = x ^ (x >> 15)
+        x = (x * 0x735A2D97) & cls.M32
+        return x ^ (x >> 15)
+
+    @classmethod
+    def gumbel(cls, seeds, counters, index):
+        k = cls._mix32(seeds & cls.M32)
+        k = cls._mix32(k ^ ((seeds >> 32) & cls.M32))
+        k = cls._mix32(k ^ (counters & cls.M32))
+        k = cls._mix32(k ^ ((counters >> 32) & cls.M32))
+        mult, offset = k | 1, cls._mix32(k ^ 0x5BD1E995)
+        idx = index if index.dim() == 2 else index[None, :]
+        x = cls._mix32((idx * mult[:, None] + offset[:, None]) & cls.M32)
+        u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / (1 << 24))
+        return -torch.log(-torch.log(u))
+
+    @classmethod
+    def _race(cls, scores, ids, top_p, seeds, counters):
+        if bool((top_p < 1.0).any()):
+            probs = torch.softmax(scores.double(), dim=-1)
+            sorted_p, order = torch.sort(probs, dim=-1, descending=True, stable=True)
+            drop_sorted = torch.cumsum(sorted_p, dim=-1) - sorted_p >= top_p[:, None]
+            scores = scores.masked_fill(torch.zeros_like(drop_sorted).scatter_(1, order, drop_sorted), float("-inf"))
+        vocab_ids = ids if ids is not None else torch.arange(scores.shape[1], device=scores.device)[None, :]
+        z = scores + cls.gumbel(seeds, counters, vocab_ids)
+        best = z.max(dim=-1, keepdim=True).values
+        return torch.where(z == best, vocab_ids, torch.iinfo(torch.int64).max).min(dim=-1).values
+
+    def __call__(self, logits, rows: SamplingRows):
+        out = logits.argmax(dim=-1)
+        host = rows.pack
+        temp, k = host[0].view(torch.float64), host[2]
+        sampled = temp > 0.0
+        if not bool(sampled.any()):
+            return out
+        vocab = logits.shape[1]
+        pow2 = torch.where(k > 1, torch.ones_like(k) << torch.ceil(torch.log2(k.clamp(min=1).double())).long(), k)
+        width = torch.where((k > 0) & (k < vocab), pow2.clamp(max=vocab), 0)
+        pack = to_device(host, logits.device)
+        floats = pack[:2].view(torch.float64)
+        for w in torch.unique(width[sampled]).tolist():
+            sel = torch.nonzero(sampled & (width == w)).flatten().to(logits.device)
+            t, top_p = floats[0, sel].float(), floats[1, sel]
+            top_k, seeds, counters = pack[2, sel], pack[3, sel], pack[4, sel]
+            scores = logits.index_select(0, sel).float() / t[:, None]
+            if w == 0:
+                chosen = self._race(scores, None, top_p, seeds, counters)
+            else:
+                vals, ids = torch.topk(scores, w, dim=-1, sorted=True)
+                kth = vals.gather(1, (top_k - 1)[:, None])
+                chosen = self._race(vals.masked_fill(vals < kth, float("-inf")), ids, top_p, seeds, counters)
+            out.index_copy_(0, sel, chosen)
+        return out
+
+
+SAMPLER_KINDS = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_50": (1.0, 50, 1.0),
+                 "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9)}
+
+
+def _events_ms(fn, calls: int) -> float:
+    """Mean GPU ms per call of `calls` back-to-back calls (after two warm-up calls), by CUDA events: what
+    a step pays, host launch cost included where the GPU waits for it."""
+    fn()
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, calls: int = 10) -> list[dict]:
+    """Old (OldSampler) vs new (`g4rt::sample`'s Triton kernel) per row count and kind of row settings.
+
+    Before timing, per case: fresh random logits (N(0, 4^2), never zeros) and a poisoned output (-7);
+    the kernel's tokens must be in range and are compared with the torch reference (`sample_ref`, the
+    oracle; `mismatches` counts rows that differ, expected 0 up to the GPU's approximate exp/log), the
+    old sampler's greedy rows with the argmax. Then the arms alternate `reps` times, each timed over
+    `calls` calls (`_events_ms`; both through their sampler's call, the settings' host-to-device copy
+    included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost)."""
+    from g4rt.plugins import triton_sampling as ts
+
+    old, new_sampler = OldSampler(), BatchSampler("triton")
+    records = []
+    for rows in row_counts:
+        for kind, (t, k, p) in SAMPLER_KINDS.items():
+            rec = {"rows": rows, "vocab": vocab, "kind": kind}
+            g = torch.Generator(device="cuda").manual_seed(rows * 31 + len(records))
+            logits = torch.randn(rows, vocab, device="cuda", generator=g) * 4
+            settings = SamplingRows([t] * rows, [k] * rows, [p] * rows, [1000 + i for i in range(rows)], [3] * rows)
+            pack = settings.pack.cuda()
+            out = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
+            new = ts.sample(logits, pack, out=out)
+            want = reference.sample_ref(logits, pack)
+            got_old = old(logits, settings)
+            rec["in_range"] = bool(((new >= 0) & (new < vocab)).all()) and bool(((got_old >= 0) & (got_old < vocab)).all())
+            rec["mismatches"] = int((new != want).sum())
+            if t == 0.0:
+                rec["old_greedy_exact"] = bool(torch.equal(got_old, logits.argmax(-1)))
+            rec["distinct_tokens"] = len(set(new.tolist()))
+            times = {"old_ms": [], "new_ms": []}
+            for _ in range(reps):
+                times["old_ms"].append(_events_ms(lambda: old(logits, settings), calls))
+                times["new_ms"].append(_events_ms(lambda: new_sampler(logits, settings), calls))
+            for name, ts_ in times.items():
+                rec[name] = [round(min(ts_), 4), round(statistics.median(ts_), 4), round(max(ts_), 4)]
+            rec["graph_ms"] = round(time_ms(lambda: ts.sample(logits, pack, out=out)), 4)
+            rec["speedup_median"] = round(rec["old_ms"][1] / rec["new_ms"][1], 1)
+            records.append(rec)
+            print("sampler", rec, flush=True)
+            del logits, want
+            torch.cuda.empty_cache()
+    return records
+
+
 def guarded(results, key, fn, *a, **kw):
     t0 = time.time()
     try:
@@ -241,8 +378,20 @@ def main(argv=None):
     ap.add_argument("--prefill-only", action="store_true",
                     help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
     ap.add_argument("--layers", default="31B-full,31B-sliding", help="the layers --prefill-only runs")
+    ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
+    ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
+    ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
     args = ap.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
+    if args.sampler:
+        t_start = time.time()
+        res = {"env": {"torch": torch.__version__, "device": torch.cuda.get_device_name()},
+               "sampler": sampler_cases(row_counts=[int(r) for r in args.sampler_rows.split(",") if r], reps=args.reps)}
+        res["total_s"] = round(time.time() - t_start, 1)
+        with open(os.path.join(args.out, "sampler.json"), "w") as fh:
+            json.dump(res, fh, indent=1)
+        print(f"wrote {args.out}/sampler.json in {res['total_s']} s", flush=True)
+        return
     import triton
     res = {"env": {"torch": torch.__version__, "triton": triton.__version__,
                    "device": torch.cuda.get_device_name(), "quick": args.quick,

@@ -29,12 +29,12 @@ from .reference import SAMPLE_KEY_MAX, SAMPLE_KEY_SCALE, SAMPLE_MASS_SCALE
 
 
 @triton.jit
-def _scores(row_ptr, base, V, temp, BLOCK: tl.constexpr):
-    """(ids, in-range mask, scores logits / temp with IEEE division; -inf past the vocabulary)."""
+def _scores(row_ptr, base, V, inv_temp, BLOCK: tl.constexpr):
+    """(ids, in-range mask, scores logits * inv_temp; -inf past the vocabulary)."""
     idx = base + tl.arange(0, BLOCK)
     ok = idx < V
     x = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32)
-    return idx, ok, tl.math.div_rn(x, temp)
+    return idx, ok, x * inv_temp
 
 
 @triton.jit
@@ -111,7 +111,7 @@ def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr
     counter = tl.load(rows_ptr + 4 * R + r)
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
     if temp > 0:
-        t32 = temp.to(tl.float32)
+        inv_t = (1.0 / temp).to(tl.float32)  # the reciprocal in float64 (IEEE on every device), then fp32
         use_k = (top_k > 0) & (top_k < V)
         race_all = (top_k <= 0) | (top_k >= V)
         top = float("-inf")
@@ -119,7 +119,7 @@ def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr
         best = float("-inf")
         win = 0
         for base in range(0, V, BLOCK):
-            idx, ok, s = _scores(row_ptr, base, V, t32, BLOCK)
+            idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
             top = tl.maximum(top, tl.max(s, 0))
             bottom = tl.minimum(bottom, tl.min(tl.where(ok, s, float("inf")), 0))
             if race_all:
@@ -130,14 +130,14 @@ def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr
         bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
         if use_k:
             hi = tl.minimum((top - bottom) * SCALE_KEY, KEY_MAX).to(tl.int32)
-            bound = _kth_key(row_ptr, V, t32, top, hi, top_k.to(tl.int32), BLOCK, NB) + 1
-            win, _, _ = _race_pass(row_ptr, V, t32, top, seed, counter, bound, bound, BLOCK)
+            bound = _kth_key(row_ptr, V, inv_t, top, hi, top_k.to(tl.int32), BLOCK, NB) + 1
+            win, _, _ = _race_pass(row_ptr, V, inv_t, top, seed, counter, bound, bound, BLOCK)
         if top_p < 1.0:
             done = 0
             while done == 0:
-                s_win = tl.math.div_rn(tl.load(row_ptr + win).to(tl.float32), t32)
+                s_win = tl.load(row_ptr + win).to(tl.float32) * inv_t
                 key_win = tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32)
-                nxt, likelier, kept = _race_pass(row_ptr, V, t32, top, seed, counter, key_win, bound, BLOCK)
+                nxt, likelier, kept = _race_pass(row_ptr, V, inv_t, top, seed, counter, key_win, bound, BLOCK)
                 done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
                 win = tl.where(done != 0, win, nxt)
         tl.store(out_ptr + r, win.to(tl.int64))
@@ -153,10 +153,12 @@ def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr
         tl.store(out_ptr + r, win.to(tl.int64))
 
 
-def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warps: int = 8) -> torch.Tensor:
-    """Token ids int64 [R] for logits [R, V] (last dim contiguous) and rows int64 [5, R] on its device."""
+def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warps: int = 8,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """Token ids int64 [R] for logits [R, V] and rows int64 [5, R] on its device; `out` (int64 [R]) to
+    write them into (the bench poisons it first)."""
     R, V = logits.shape
-    out = torch.empty(R, dtype=torch.int64, device=logits.device)
+    out = torch.empty(R, dtype=torch.int64, device=logits.device) if out is None else out
     if R == 0:
         return out
     if logits.stride(1) != 1:
