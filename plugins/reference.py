@@ -223,7 +223,8 @@ def sample_ref(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """`sample` of plugins/README.md: one token id per row of `logits` [R, V], int64 [R].
 
     rows: int64 [5, R], per row temperature and top_p (float64 bits), top_k, seed, draw counter.
-    Temperature 0: the first argmax of the logits. Otherwise s = logits / T (fp32) and the token is the
+    Temperature 0: the first argmax of the logits. Otherwise s = logits * fp32(1 / T) (the reciprocal in
+    float64) and the token is the
     first argmax over the kept set of s + G(seed, counter, id); kept are the entries whose cut key is
     <= the k-th smallest key (top_k in 1..V-1; ties kept), and of those, with top_p < 1, the ones whose
     likelier entries (strictly smaller key) weigh less than top_p of the kept mass. Sorts the keys: an
@@ -235,8 +236,8 @@ def sample_ref(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     sampled = temp > 0
     if not bool(sampled.any()):
         return greedy
-    t = torch.where(sampled, temp, 1.0).float()
-    scores = logits.float() / t[:, None]
+    inv = (1.0 / torch.where(sampled, temp, 1.0)).float()
+    scores = logits.float() * inv[:, None]
     keys, mass = sample_keys_ref(scores, scores.max(dim=-1).values)
     sorted_keys, order = keys.sort(dim=-1)
     cut_k = torch.where((top_k > 0) & (top_k < V), sorted_keys.gather(1, (top_k.clamp(1, V) - 1)[:, None])[:, 0],
