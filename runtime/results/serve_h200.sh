@@ -1,20 +1,69 @@
 #!/bin/bash
-# One H200 call: g4rt serve (random E2B checkpoint, inductor engine) under `g4rt bench serve`, then the
-# same workloads offline through the same warmed-up LLM. Run from the repository root with the serve
-# extra's wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); results in $OUT.
+# One H200 call (<= 9 min): g4rt serve (random checkpoint, inductor engine, the engine in its own process)
+# under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
+# warmed-up LLM in the service's engine process. E2B at concurrency 1,8,64,256 (3 sweeps), then, if the
+# time left allows, the 31B at 1,64,256 (1 sweep). Run from the repository root with the serve extra's
+# wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
+# Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
+# a failing or slow arm loses only its own unfinished points.
+#   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS]    defaults: 530 s, "e2b 31b"
+START=$SECONDS
+BUDGET=${1:-530}  # seconds for the whole call (a 9-minute device call, less its own start-up)
+ARMS=${2:-e2b 31b}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
+  && export PYTHONPATH=/tmp/site || { echo "wheels did not install"; exit 1; }
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt && export PYTHONPATH=/tmp/pkg:$PYTHONPATH PYTHONUNBUFFERED=1
 OUT=${OUT:-artifacts/serve}; mkdir -p "$OUT"
-W="--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64 --repeat 3"
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu.txt"
-timeout 300 python3 -m g4rt.bench.serve host --config e2b --max-num-seqs 64 --max-model-len 512 --chunk 512 \
-  --kv-gib 16 $W --out "$OUT/offline.jsonl" > "$OUT/host.log" 2>&1 &
-HOST=$!
-for _ in $(seq 600); do URL=$(grep -o "http://[0-9.:]*" "$OUT/host.log" | head -1); [ -n "$URL" ] && break; sleep 0.5; done
-for _ in $(seq 600); do curl -sf "$URL/ready" > /dev/null && break; kill -0 $HOST || break; sleep 0.5; done
-curl -s "$URL/ready" > "$OUT/ready.json"
-timeout 200 python3 -m g4rt.bench.serve --url "$URL" $W --num-prompts 10 --first-requests 10 --out "$OUT/serve.jsonl"
-curl -s "$URL/metrics" | grep -E "^g4rt_(step_seconds|time_to_first|request_queue)_(sum|count)" > "$OUT/metrics.txt"
-kill -TERM $HOST; wait $HOST; echo "host exit $?" | tee -a "$OUT/host.log"
-tail -5 "$OUT/host.log"
+left() { echo $((BUDGET - (SECONDS - START))); }
+say() { echo "[$((SECONDS - START)) s] $*"; }
+
+# arm NAME LIMIT_S "HOST FLAGS" "WORKLOAD FLAGS": serve, sweep over HTTP, SIGTERM (drain, then offline).
+arm() {
+  local name=$1 limit=$2 hostargs=$3 w=$4 d="$OUT/$1" url="" host
+  mkdir -p "$d"
+  say "$name: starting the host (limit $limit s)"
+  timeout -s KILL "$limit" python3 -m g4rt.bench.serve host $hostargs $w --out "$d/offline.jsonl" > "$d/host.log" 2>&1 &
+  host=$!
+  local end=$((SECONDS + limit))
+  while [ -z "$url" ] && kill -0 $host 2>/dev/null; do
+    url=$(grep -o "http://[0-9.:]*" "$d/host.log" | head -1); sleep 0.5
+  done
+  while [ -n "$url" ] && ! curl -sf "$url/ready" > /dev/null && kill -0 $host 2>/dev/null; do sleep 0.5; done
+  if ! curl -sf "$url/ready" > "$d/ready.json"; then
+    say "$name: the host never became ready"; kill -TERM $host 2>/dev/null; wait $host
+    echo "host exit $?" >> "$d/host.log"; tail -20 "$d/host.log"
+    local engine=$(grep -o "engine process [0-9]*" "$d/host.log" | head -1 | cut -d" " -f3)
+    [ -n "$engine" ] && kill -KILL "$engine" 2>/dev/null
+    return 1
+  fi
+  say "$name: ready ($(grep -o '"warmup_s":[0-9.]*' "$d/ready.json"))"
+  # the offline arm runs after the drain and takes about as long as the HTTP sweep: give each half
+  local sweep=$(( (end - SECONDS) / 2 ))
+  timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --first-requests 10 \
+    --out "$d/serve.jsonl" | cut -c1-160
+  say "$name: HTTP sweep exit ${PIPESTATUS[0]}"
+  curl -s "$url/metrics" | grep -E "^g4rt_(step_seconds|time_to_first|request_queue)_(sum|count)" > "$d/metrics.txt"
+  kill -TERM $host; wait $host; echo "host exit $?" | tee -a "$d/host.log"
+  # a host killed by its time limit leaves its engine process (running the offline arm) behind: end it
+  local engine=$(grep -o "engine process [0-9]*" "$d/host.log" | head -1 | cut -d" " -f3)
+  [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null && kill -KILL "$engine" && say "$name: killed the engine process $engine"
+  say "$name: done; $(cat "$d/serve.jsonl" 2>/dev/null | wc -l) HTTP and $(cat "$d/offline.jsonl" 2>/dev/null | wc -l) offline records"
+  grep -E "warm-up done|draining|Traceback|Error" "$d/host.log" | head -8
+}
+
+# E2B: ~20 s start-up, warm-up (126 decode graphs) ~90 s, HTTP sweep ~60 s, offline ~55 s.
+if [[ " $ARMS " == *" e2b "* ]]; then
+  arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
+    "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
+fi
+# The 31B: build + compile ~1-2 min, warm-up of 90 decode graphs (60 layers) not measured yet, sweeps ~1 min.
+if [[ " $ARMS " == *" 31b "* ]]; then
+  if [ "$(left)" -ge 200 ]; then
+    arm 31b "$(( $(left) - 5 ))" "--config 31b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 48" \
+      "--waves 2 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,64,256 --repeat 1"
+  else
+    say "31b: skipped, $(left) s left (needs >= 200; run it alone: bash $0 530 31b)"
+  fi
+fi
+say "all done"
