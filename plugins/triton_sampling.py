@@ -134,12 +134,14 @@ def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr
             win, _, _ = _race_pass(row_ptr, V, inv_t, top, seed, counter, bound, bound, BLOCK)
         if top_p < 1.0:
             done = 0
+            raced = bound  # the bound `win` was raced under: every later bound is strictly below it
             while done == 0:
                 s_win = tl.load(row_ptr + win).to(tl.float32) * inv_t
-                key_win = tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32)
+                key_win = tl.minimum(tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32), raced - 1)
                 nxt, likelier, kept = _race_pass(row_ptr, V, inv_t, top, seed, counter, key_win, bound, BLOCK)
                 done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
                 win = tl.where(done != 0, win, nxt)
+                raced = key_win
         tl.store(out_ptr + r, win.to(tl.int64))
     else:
         best = float("-inf")
@@ -163,6 +165,7 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warp
         return out
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    # No fused multiply-adds: keys and race values round as the reference's separate ops do.
     _sample_kernel[(R,)](logits, rows.contiguous(), out, R, V, logits.stride(0), BLOCK=block, NB=16,
-                         num_warps=num_warps)
+                         num_warps=num_warps, enable_fp_fusion=False)
     return out
