@@ -73,8 +73,8 @@ def _race_pass(row_ptr, V, temp, top, seed, counter, race_bound, mass_bound, BLO
         idx, ok, s = _scores(row_ptr, base, V, temp, BLOCK)
         key, mass = _keys(s, ok, top)
         z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
-        zmax = tl.max(z, 0)
-        win = tl.where(zmax > best, base + tl.argmax(z, 0), win)
+        zmax, zarg = tl.max(z, 0, return_indices=True)
+        win = tl.where(zmax > best, base + zarg, win)
         best = tl.maximum(best, zmax)
         below_race += tl.sum(tl.where(key < race_bound, mass, 0), 0).to(tl.int64)
         below_mass += tl.sum(tl.where(key < mass_bound, mass, 0), 0).to(tl.int64)
@@ -102,33 +102,79 @@ def _kth_key(row_ptr, V, temp, top, hi, k, BLOCK: tl.constexpr, NB: tl.constexpr
 
 
 @triton.jit
-def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr, NB: tl.constexpr):
-    r = tl.program_id(0)
+def _row_settings(rows_ptr, R, r, V):
+    """(temperature, top_p, top_k, seed, counter, fp32 scale of the logits, race over every entry in the
+    first pass, noise in that race) of row r: greedy rows race their plain logits."""
     temp = tl.load(rows_ptr + r).to(tl.float64, bitcast=True)
     top_p = tl.load(rows_ptr + R + r).to(tl.float64, bitcast=True)
     top_k = tl.load(rows_ptr + 2 * R + r)
     seed = tl.load(rows_ptr + 3 * R + r)
     counter = tl.load(rows_ptr + 4 * R + r)
-    row_ptr = x_ptr + r.to(tl.int64) * stride_x
-    if temp > 0:
-        inv_t = (1.0 / temp).to(tl.float32)  # the reciprocal in float64 (IEEE on every device), then fp32
-        use_k = (top_k > 0) & (top_k < V)
-        race_all = (top_k <= 0) | (top_k >= V)
-        top = float("-inf")
-        bottom = float("inf")
-        best = float("-inf")
-        win = 0
-        for base in range(0, V, BLOCK):
-            idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
-            top = tl.maximum(top, tl.max(s, 0))
-            bottom = tl.minimum(bottom, tl.min(tl.where(ok, s, float("inf")), 0))
-            if race_all:
+    sampled = temp > 0
+    inv_t = (1.0 / tl.where(sampled, temp, 1.0)).to(tl.float32)  # the reciprocal in fp64 (IEEE), then fp32
+    race_all = (top_k <= 0) | (top_k >= V) | (temp <= 0)
+    return temp, top_p, top_k, seed, counter, inv_t, race_all, sampled & race_all
+
+
+@triton.jit
+def _first_pass(row_ptr, lo, hi, inv_t, seed, counter, race_all, noisy, BLOCK: tl.constexpr):
+    """Over ids lo .. hi-1: the top and bottom score and, when `race_all`, the race winner (with noise
+    when `noisy`, else the plain argmax) and its value."""
+    top = float("-inf")
+    bottom = float("inf")
+    best = float("-inf")
+    win = 0
+    for base in range(lo, hi, BLOCK):
+        idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
+        top = tl.maximum(top, tl.max(s, 0))
+        bottom = tl.minimum(bottom, tl.min(tl.where(ok, s, float("inf")), 0))
+        if race_all:
+            z = s
+            if noisy:
                 z = s + _gumbel(seed, counter, base, BLOCK)
-                zmax = tl.max(z, 0)
-                win = tl.where(zmax > best, base + tl.argmax(z, 0), win)
-                best = tl.maximum(best, zmax)
+            zmax, zarg = tl.max(z, 0, return_indices=True)
+            win = tl.where(zmax > best, base + zarg, win)
+            best = tl.maximum(best, zmax)
+    return top, bottom, best, win
+
+
+@triton.jit
+def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, win_ptr, R, V, stride_x, CHUNK, S,
+                       BLOCK: tl.constexpr):
+    """The first pass of row program_id(0) over its chunk program_id(1), for rows of few programs."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
+    row_ptr = x_ptr + r.to(tl.int64) * stride_x
+    lo = c * CHUNK
+    top, bottom, best, win = _first_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, seed, counter,
+                                         race_all, noisy, BLOCK)
+    at = r * S + c
+    tl.store(part_ptr + 3 * at, top)
+    tl.store(part_ptr + 3 * at + 1, bottom)
+    tl.store(part_ptr + 3 * at + 2, best)
+    tl.store(win_ptr + at, win)
+
+
+@triton.jit
+def _sample_kernel(x_ptr, rows_ptr, part_ptr, win_ptr, out_ptr, R, V, stride_x, S,
+                   SPLIT: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
+    r = tl.program_id(0)
+    temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
+    row_ptr = x_ptr + r.to(tl.int64) * stride_x
+    if SPLIT:  # combine the chunks' first passes: the earliest chunk holding the best race value wins
+        c = tl.arange(0, SP)
+        at = r * S + c
+        top = tl.max(tl.load(part_ptr + 3 * at, mask=c < S, other=float("-inf")), 0)
+        bottom = tl.min(tl.load(part_ptr + 3 * at + 1, mask=c < S, other=float("inf")), 0)
+        bests = tl.load(part_ptr + 3 * at + 2, mask=c < S, other=float("-inf"))
+        first = tl.min(tl.where(bests == tl.max(bests, 0), c, SP), 0)
+        win = tl.load(win_ptr + r * S + tl.minimum(first, S - 1))
+    else:
+        top, bottom, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
+    if temp > 0:
         bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
-        if use_k:
+        if (top_k > 0) & (top_k < V):
             hi = tl.minimum((top - bottom) * SCALE_KEY, KEY_MAX).to(tl.int32)
             bound = _kth_key(row_ptr, V, inv_t, top, hi, top_k.to(tl.int32), BLOCK, NB) + 1
             win, _, _ = _race_pass(row_ptr, V, inv_t, top, seed, counter, bound, bound, BLOCK)
@@ -142,30 +188,38 @@ def _sample_kernel(x_ptr, rows_ptr, out_ptr, R, V, stride_x, BLOCK: tl.constexpr
                 done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
                 win = tl.where(done != 0, win, nxt)
                 raced = key_win
-        tl.store(out_ptr + r, win.to(tl.int64))
-    else:
-        best = float("-inf")
-        win = 0
-        for base in range(0, V, BLOCK):
-            idx = base + tl.arange(0, BLOCK)
-            x = tl.load(row_ptr + idx, mask=idx < V, other=float("-inf")).to(tl.float32)
-            xmax = tl.max(x, 0)
-            win = tl.where(xmax > best, base + tl.argmax(x, 0), win)
-            best = tl.maximum(best, xmax)
-        tl.store(out_ptr + r, win.to(tl.int64))
+    tl.store(out_ptr + r, win.to(tl.int64))
+
+
+def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
+    """Programs per row for the first pass: enough for about two per SM over all rows, each at least
+    four tiles long; 1 (no split) from half the SMs' worth of rows up. Only speed depends on it: maxima
+    and the earliest-winner rule combine the same way however the row is cut."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+    return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * sms, rows), 64))
 
 
 def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warps: int = 8,
-           out: torch.Tensor | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
     """Token ids int64 [R] for logits [R, V] and rows int64 [5, R] on its device; `out` (int64 [R]) to
-    write them into (the bench poisons it first)."""
+    write them into (the bench poisons it first); `splits` overrides `first_pass_splits`."""
     R, V = logits.shape
     out = torch.empty(R, dtype=torch.int64, device=logits.device) if out is None else out
     if R == 0:
         return out
     if logits.stride(1) != 1:
         logits = logits.contiguous()
+    rows = rows.contiguous()
+    splits = first_pass_splits(R, V, block, logits.device) if splits is None else splits
+    chunk = triton.cdiv(triton.cdiv(V, splits), block) * block  # whole tiles, so ids stay 4-aligned per tile
+    splits = triton.cdiv(V, chunk)
+    part = torch.empty(R * splits * 3 if splits > 1 else 1, dtype=torch.float32, device=logits.device)
+    wins = torch.empty(R * splits if splits > 1 else 1, dtype=torch.int32, device=logits.device)
     # No fused multiply-adds: keys and race values round as the reference's separate ops do.
-    _sample_kernel[(R,)](logits, rows.contiguous(), out, R, V, logits.stride(0), BLOCK=block, NB=16,
-                         num_warps=num_warps, enable_fp_fusion=False)
+    opts = dict(num_warps=num_warps, enable_fp_fusion=False)
+    if splits > 1:
+        _first_pass_kernel[(R, splits)](logits, rows, part, wins, R, V, logits.stride(0), chunk, splits,
+                                        BLOCK=block, **opts)
+    _sample_kernel[(R,)](logits, rows, part, wins, out, R, V, logits.stride(0), splits, SPLIT=splits > 1,
+                         SP=triton.next_power_of_2(splits), BLOCK=block, NB=16, **opts)
     return out

@@ -68,13 +68,24 @@ def test_a_rows_token_ignores_the_rest_of_the_batch():
     assert torch.equal(ts.sample(x[perm], pack([PARAMS[i] for i in perm]), block=128), together[perm])
 
 
-def test_greedy_takes_the_first_of_tied_maxima():
+@pytest.mark.parametrize("splits", [1, 3])
+def test_greedy_takes_the_first_of_tied_maxima(splits):
+    """Within a tile, across tiles, and across the chunks of a split first pass (3 chunks of 128)."""
     x = torch.zeros(3, 300)
     x[0, [7, 250]] = 2.0
     x[1, [130, 131]] = 1.0
     x[2, 299] = 0.5
-    got = ts.sample(x, pack([(0.0, 0, 1.0, 0, 0)] * 3), block=64)
+    got = ts.sample(x, pack([(0.0, 0, 1.0, 0, 0)] * 3), block=64, splits=splits)
     assert got.tolist() == [7, 130, 299]
+
+
+def test_split_first_pass_changes_no_token():
+    """A row's first pass cut over several programs (what few rows get) draws what one program draws."""
+    x = logits_for(len(PARAMS), 600, 6)
+    rows = pack(PARAMS)
+    want = reference.sample_ref(x, rows)
+    for splits in (1, 5):
+        assert torch.equal(ts.sample(x, rows, block=64, splits=splits), want)
 
 
 def test_op_dispatch():
