@@ -196,8 +196,8 @@ def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Gen
     full-depth model is not chaotic: layer_scalar near 1 (the stream is not shrunk every layer), residual
     branches at 0.3 of the default (each layer turns the stream a little), softer q/k norms, a final
     norm centred on 0 (the stream keeps the token's own embedding, which a positive final norm and the
-    tied lm_head would pick again at every step), and router logits spread over a few units (top-k
-    choices that fp32 rounding does not decide)."""
+    tied lm_head would pick again at every step), and router logits spread over a few units (expert
+    weights that differ, as a trained router's do)."""
     def normal(std, mean=0.0):
         return torch.randn(shape, generator=g, device=g.device) * std + mean
 
@@ -216,8 +216,8 @@ def _random_tensor(name: str, shape: torch.Size, cfg: Gemma4Config, g: torch.Gen
             return normal(0.03, 0.3)
         if name.endswith("router.proj.weight"):
             # The router's input has norm ~1 (RMS-normed, times hidden_size**-0.5), so this gives logits
-            # of std ~2. The default's 3/sqrt(fan_in) gives 0.06 at real width: 128 nearly equal
-            # probabilities whose 8th and 9th often lie within fp32 rounding of each other.
+            # of std ~2: the top 8 of 128 experts carry ~60 % of the probability. The default's
+            # 3/sqrt(fan_in) gives 0.06 at real width, 128 nearly equal probabilities and weights.
             return normal(2.0)
     if name.endswith("layer_scalar"):
         return uniform(0.5, 1.0)

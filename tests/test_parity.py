@@ -30,6 +30,28 @@ def test_tiny_passes_and_a_window_off_by_one_fails(report):
     assert not broken["pass"] and broken["ratio"] > 100
 
 
+def test_moe_references_follow_the_routing_and_a_wrong_choice_fails(monkeypatch, report):
+    """On an MoE config the references take the arm's expert choices, so the comparison is arithmetic
+    only; an arm whose router drops its best expert for the (k+1)-th is caught by the routing margin
+    even though the references follow it."""
+    from g4rt.models import blocks
+
+    cfg = tiny_config("26b")
+    (ok,) = check_size(cfg, "tiny-26b", CPU, lambda r: r)
+    assert ok["pass"] and ok["routing"]["differ_from_oracle"] == 0
+    assert ok["routing"]["choices"] == cfg.num_hidden_layers * (2 * cfg.sliding_window + CPU.extra + CPU.decode)
+
+    def second_best(logits, per_expert_scale, top_k):
+        w, idx = blocks.route(logits, per_expert_scale, top_k + 1)
+        return w[:, 1:] / w[:, 1:].sum(-1, keepdim=True), idx[:, 1:]
+
+    monkeypatch.setitem(blocks.REFERENCE, "route", second_best)
+    (bad,) = check_size(cfg, "tiny-26b", CPU, lambda r: r)
+    report(f"parity tiny 26b: routing margin {ok['routing']['max_margin']:.1e}; dropping the best expert "
+           f"{bad['routing']['max_margin']:.2f} (tol {bad['routing']['tol']:.0e}), error vs fp64 {bad['err_vs_fp64']:.1e}")
+    assert not bad["pass"] and bad["routing"]["max_margin"] > 100 * CPU.routing_tol
+
+
 def _whole_model_fp64(hf):
     """A deep copy of `hf` in float64, its RoPE tables left in fp32 (as every implementation builds them)."""
     hf64 = copy.deepcopy(hf).double()
