@@ -297,6 +297,9 @@ SAMPLER_KINDS = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_5
                  "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9)}
 
 
+SAMPLER_TILES = [(1024, 4), (2048, 8), (512, 4), (4096, 16)]  # (block, num_warps) besides the default (1024, 8)
+
+
 def _events_ms(fn, calls: int) -> float:
     """Mean GPU ms per call of `calls` back-to-back calls (after two warm-up calls), by CUDA events: what
     a step pays, host launch cost included where the GPU waits for it."""
@@ -320,7 +323,8 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     oracle; `mismatches` counts rows that differ, expected 0 up to the GPU's approximate exp/log), the
     old sampler's greedy rows with the argmax. Then the arms alternate `reps` times, each timed over
     `calls` calls (`_events_ms`; both through their sampler's call, the settings' host-to-device copy
-    included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost)."""
+    included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost), and at the
+    largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults follow numbers."""
     from g4rt.plugins import triton_sampling as ts
 
     old, new_sampler = OldSampler(), BatchSampler("triton")
@@ -348,6 +352,14 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             for name, ts_ in times.items():
                 rec[name] = [round(min(ts_), 4), round(statistics.median(ts_), 4), round(max(ts_), 4)]
             rec["graph_ms"] = round(time_ms(lambda: ts.sample(logits, pack, out=out)), 4)
+            if rows == max(row_counts) and t > 0.0:  # tiles around the default, each checked first
+                rec["tiles"] = []
+                for block, warps in SAMPLER_TILES:
+                    out.fill_(-7)
+                    same = torch.equal(ts.sample(logits, pack, block=block, num_warps=warps, out=out), new)
+                    ms = time_ms(lambda: ts.sample(logits, pack, block=block, num_warps=warps, out=out))
+                    rec["tiles"].append({"block": block, "num_warps": warps, "same_tokens": same,
+                                         "graph_ms": round(ms, 4)})
             rec["speedup_median"] = round(rec["old_ms"][1] / rec["new_ms"][1], 1)
             records.append(rec)
             print("sampler", rec, flush=True)

@@ -7,8 +7,8 @@
   its noise made in registers from Philox (`tl.randint4x`, key = the request's seed, counter = (id // 4,
   draw counter)), so a token depends on its own row, seed and counter only; rows without top-k or
   top-p are done;
-* top-k: the k-th smallest cut key by a 16-way search over the 24-bit keys (counts are integers, so
-  the cut is exact): at most 6 passes, then one race over the kept entries;
+* top-k: the k-th smallest cut key by an 8-way search over the 24-bit keys (counts are integers, so
+  the cut is exact): at most 8 passes, then one race over the kept entries;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -16,8 +16,10 @@
   and the race for the next candidate together); a round succeeds with probability >= top_p and the
   candidates shrink every round, so it ends, typically after one or two.
 
-The launch reads shapes only (no `.item()`), so it can be captured in a CUDA graph; rows run in
-parallel, so at 1 row the sampler uses one SM.
+Every pass keeps its state per lane (running maxima, race winners, masses, counts) and reduces once at
+its end. The launch reads shapes only (no `.item()`), so it can be captured in a CUDA graph. Rows run
+in parallel; with few rows the first pass is cut over several programs per row (`first_pass_splits`),
+the later passes of top-k / top-p rows still run on one program per row.
 """
 from __future__ import annotations
 
@@ -62,39 +64,54 @@ SCALE_MASS = tl.constexpr(float(SAMPLE_MASS_SCALE))
 
 
 @triton.jit
-def _race_pass(row_ptr, V, temp, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr):
-    """One pass: the race winner among entries with key < race_bound, their integer mass, and the integer
-    mass of the entries with key < mass_bound."""
-    best = float("-inf")
-    win = 0
-    below_race = tl.zeros([], tl.int64)
-    below_mass = tl.zeros([], tl.int64)
-    for base in range(0, V, BLOCK):
-        idx, ok, s = _scores(row_ptr, base, V, temp, BLOCK)
-        key, mass = _keys(s, ok, top)
-        z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
-        zmax, zarg = tl.max(z, 0, return_indices=True)
-        win = tl.where(zmax > best, base + zarg, win)
-        best = tl.maximum(best, zmax)
-        below_race += tl.sum(tl.where(key < race_bound, mass, 0), 0).to(tl.int64)
-        below_mass += tl.sum(tl.where(key < mass_bound, mass, 0), 0).to(tl.int64)
-    return win, below_race, below_mass
+def _lane_race(z, idx, best, win):
+    """Per lane, keep the larger race value and its id (the earlier id on a tie: ids only grow)."""
+    better = z > best
+    return tl.where(better, z, best), tl.where(better, idx, win)
 
 
 @triton.jit
-def _kth_key(row_ptr, V, temp, top, hi, k, BLOCK: tl.constexpr, NB: tl.constexpr):
-    """The k-th smallest cut key of the row (keys <= hi, all of them), by an NB-way search."""
+def _race_result(best, win):
+    """(value, id) of the race from its per-lane state: the largest value, the smallest id holding it."""
+    top = tl.max(best, 0)
+    return top, tl.min(tl.where(best == top, win, 2147483647), 0)
+
+
+@triton.jit
+def _race_pass(row_ptr, V, inv_t, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr):
+    """One pass: the race winner among entries with key < race_bound, their integer mass, and the integer
+    mass of the entries with key < mass_bound. State stays per lane until the end (one reduction per
+    pass, not per tile); a lane's int32 masses hold V / BLOCK * 2^18 < 2^31."""
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    win = tl.zeros([BLOCK], tl.int32)
+    below_race = tl.zeros([BLOCK], tl.int32)
+    below_mass = tl.zeros([BLOCK], tl.int32)
+    for base in range(0, V, BLOCK):
+        idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
+        key, mass = _keys(s, ok, top)
+        z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
+        best, win = _lane_race(z, idx, best, win)
+        below_race += tl.where(key < race_bound, mass, 0)
+        below_mass += tl.where(key < mass_bound, mass, 0)
+    _, w = _race_result(best, win)
+    return w, tl.sum(below_race.to(tl.int64), 0), tl.sum(below_mass.to(tl.int64), 0)
+
+
+@triton.jit
+def _kth_key(row_ptr, V, inv_t, top, hi, k, BLOCK: tl.constexpr, NB: tl.constexpr):
+    """The k-th smallest cut key of the row (keys <= hi, all of them), by an NB-way search: each pass
+    counts the keys at or below NB bounds spread over [lo, hi] and keeps the part holding the k-th."""
     lo = 0
     lanes = tl.arange(0, NB)
     while lo < hi:
         step = (hi - lo) // NB + 1
         bounds = tl.minimum(lo + (lanes + 1) * step - 1, hi)
-        counts = tl.zeros([NB], tl.int32)
+        counts = tl.zeros([NB, BLOCK], tl.int32)
         for base in range(0, V, BLOCK):
-            idx, ok, s = _scores(row_ptr, base, V, temp, BLOCK)
+            idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
             key, mass = _keys(s, ok, top)
-            counts += tl.sum((key[None, :] <= bounds[:, None]).to(tl.int32), 1)
-        first = tl.min(tl.where(counts >= k, lanes, NB), 0)
+            counts += (key[None, :] <= bounds[:, None]).to(tl.int32)
+        first = tl.min(tl.where(tl.sum(counts, 1) >= k, lanes, NB), 0)
         new_lo = tl.where(first == 0, lo, tl.sum(tl.where(lanes == first - 1, bounds, 0), 0) + 1)
         hi = tl.sum(tl.where(lanes == first, bounds, 0), 0)
         lo = new_lo
@@ -120,22 +137,21 @@ def _row_settings(rows_ptr, R, r, V):
 def _first_pass(row_ptr, lo, hi, inv_t, seed, counter, race_all, noisy, BLOCK: tl.constexpr):
     """Over ids lo .. hi-1: the top and bottom score and, when `race_all`, the race winner (with noise
     when `noisy`, else the plain argmax) and its value."""
-    top = float("-inf")
-    bottom = float("inf")
-    best = float("-inf")
-    win = 0
+    top = tl.full([BLOCK], float("-inf"), tl.float32)
+    bottom = tl.full([BLOCK], float("inf"), tl.float32)
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    win = tl.zeros([BLOCK], tl.int32)
     for base in range(lo, hi, BLOCK):
         idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
-        top = tl.maximum(top, tl.max(s, 0))
-        bottom = tl.minimum(bottom, tl.min(tl.where(ok, s, float("inf")), 0))
+        top = tl.maximum(top, s)
+        bottom = tl.minimum(bottom, tl.where(ok, s, float("inf")))
         if race_all:
             z = s
             if noisy:
                 z = s + _gumbel(seed, counter, base, BLOCK)
-            zmax, zarg = tl.max(z, 0, return_indices=True)
-            win = tl.where(zmax > best, base + zarg, win)
-            best = tl.maximum(best, zmax)
-    return top, bottom, best, win
+            best, win = _lane_race(z, idx, best, win)
+    value, w = _race_result(best, win)
+    return tl.max(top, 0), tl.min(bottom, 0), value, w
 
 
 @triton.jit
@@ -221,5 +237,5 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warp
         _first_pass_kernel[(R, splits)](logits, rows, part, wins, R, V, logits.stride(0), chunk, splits,
                                         BLOCK=block, **opts)
     _sample_kernel[(R,)](logits, rows, part, wins, out, R, V, logits.stride(0), splits, SPLIT=splits > 1,
-                         SP=triton.next_power_of_2(splits), BLOCK=block, NB=16, **opts)
+                         SP=triton.next_power_of_2(splits), BLOCK=block, NB=8, **opts)
     return out
