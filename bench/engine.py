@@ -48,7 +48,6 @@ from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
 from .common import ceilings, log_json, sync
-from .kernels import sampler_cases
 
 
 def weight_bytes_per_step(model, batch: int = 1) -> int:
@@ -393,6 +392,8 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     prompts = [int(x) for x in a.ttft.split(",") if x]
     chunks = [int(x) for x in a.ttft_chunks.split(",") if x]
     if a.sampler:
+        from .kernels import sampler_cases  # needs triton, which the other stages do not
+
         for r in sampler_cases(model.config.vocab_size, row_counts=(256,), reps=a.reps):
             log({"stage": "sampler", **r})
     if not (steps or prompts):
