@@ -321,7 +321,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     Before timing, per case: fresh random logits (N(0, 4^2), never zeros) and a poisoned output (-7);
     the kernel's tokens must be in range and are compared with the torch reference (`sample_ref`, the
     oracle; `mismatches` counts rows that differ, expected 0 up to the GPU's approximate exp/log), the
-    old sampler's greedy rows with the argmax. Then the arms alternate `reps` times, each timed over
+    old sampler's greedy rows with the argmax; `correct`: all in range, at most 1 % of rows differ. Then the arms alternate `reps` times, each timed over
     `calls` calls (`_events_ms`; both through their sampler's call, the settings' host-to-device copy
     included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost), and at the
     largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults follow numbers."""
@@ -345,6 +345,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             if t == 0.0:
                 rec["old_greedy_exact"] = bool(torch.equal(got_old, logits.argmax(-1)))
             rec["distinct_tokens"] = len(set(new.tolist()))
+            rec["correct"] = rec["in_range"] and rec["mismatches"] <= rows // 100 and rec.get("old_greedy_exact", True)
             times = {"old_ms": [], "new_ms": []}
             for _ in range(reps):
                 times["old_ms"].append(_events_ms(lambda: old(logits, settings), calls))

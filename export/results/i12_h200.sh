@@ -75,7 +75,7 @@ try:
     res = json.load(open(os.path.join(out, "sampler", "sampler.json")))
     for r in res["sampler"]:
         print(f"rows {r['rows']:>3} {r['kind']:<20} old {r['old_ms']} new {r['new_ms']} graph {r['graph_ms']} "
-              f"x{r['speedup_median']} mismatches {r['mismatches']}/{r['rows']} in_range {r['in_range']}")
+              f"x{r['speedup_median']} mismatches {r['mismatches']}/{r['rows']} correct {r['correct']}")
         for tile in r.get("tiles", []):
             print(f"      block {tile['block']} warps {tile['num_warps']}: graph {tile['graph_ms']} same {tile['same_tokens']}")
 except (OSError, KeyError, ValueError) as e:
