@@ -1,4 +1,5 @@
-"""Triton sampler: one launch, one program per row, a few passes over the row's logits, no noise tensor.
+"""Triton sampler: one program per row (two launches for few rows), a few passes over the logits, no noise
+tensor.
 
 `sample(logits, rows)` is `reference.sample_ref` (plugins/README.md `sample`) without sorting:
 
@@ -13,8 +14,8 @@
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
   the entries likelier than j, which become the next candidates. Each round is one pass (the test of j
-  and the race for the next candidate together); a round succeeds with probability >= top_p and the
-  candidates shrink every round, so it ends, typically after one or two.
+  and the race for the next candidate together); a round succeeds with probability about top_p or more (the
+  nucleus's share of the candidates) and the candidates shrink every round, so it ends, typically after one or two.
 
 Every pass keeps its state per lane (running maxima, race winners, masses, counts) and reduces once at
 its end. The launch reads shapes only (no `.item()`), so it can be captured in a CUDA graph. Rows run
