@@ -321,9 +321,9 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     Before timing, per case: fresh random logits (N(0, 4^2), never zeros) and a poisoned output (-7);
     the kernel's tokens must be in range and are compared with the torch reference (`sample_ref`, the
     oracle; `mismatches` counts rows that differ, expected 0 up to the GPU's approximate exp/log), the
-    old sampler's greedy rows with the argmax; `correct`: all in range, at most 1 % of rows differ. Then the arms alternate `reps` times, each timed over
-    `calls` calls (`_events_ms`; both through their sampler's call, the settings' host-to-device copy
-    included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost), and at the
+    old sampler's greedy rows with the argmax; `correct`: all in range, at most 1 % of rows differ.
+    Then the arms alternate `reps` times, each timed over `calls` calls (`_events_ms`; both through
+    their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost), and at the
     largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults follow numbers."""
     from g4rt.plugins import triton_sampling as ts
 
@@ -340,7 +340,8 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             new = ts.sample(logits, pack, out=out)
             want = reference.sample_ref(logits, pack)
             got_old = old(logits, settings)
-            rec["in_range"] = bool(((new >= 0) & (new < vocab)).all()) and bool(((got_old >= 0) & (got_old < vocab)).all())
+            in_range = [bool(((ids >= 0) & (ids < vocab)).all()) for ids in (new, got_old)]
+            rec["in_range"] = all(in_range)
             rec["mismatches"] = int((new != want).sum())
             if t == 0.0:
                 rec["old_greedy_exact"] = bool(torch.equal(got_old, logits.argmax(-1)))
@@ -364,7 +365,6 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             rec["speedup_median"] = round(rec["old_ms"][1] / rec["new_ms"][1], 1)
             records.append(rec)
             print("sampler", rec, flush=True)
-            del logits, want
             torch.cuda.empty_cache()
     return records
 
