@@ -1,5 +1,6 @@
 """`g4rt serve` as a process on loopback: a burst of 512 streaming clients, a 50 MB body beside a
-running stream, SIGTERM draining (and the engine process gone after it). The client is bench/serve.py's (raw asyncio HTTP/1.1)."""
+running stream, SIGTERM draining (the engine process gone after it). The client is bench/serve.py's
+(raw asyncio HTTP/1.1)."""
 from __future__ import annotations
 
 import asyncio

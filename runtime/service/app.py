@@ -44,15 +44,13 @@ class ServiceConfig:
     retry_after_s: int = 1
     prepare_threads: int = 4
     warmup: bool = True
-    engine_stop_timeout_s: float = 30.0  # after the drain: how long the engine process gets to exit
 
     def __post_init__(self):
         for name in ("max_queue", "max_body_bytes", "prepare_threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
-        for name in ("read_timeout_s", "engine_stop_timeout_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
+        if not self.read_timeout_s > 0:
+            raise ValueError(f"read_timeout_s must be positive, got {self.read_timeout_s!r}")
 
 
 class Service:
@@ -66,8 +64,7 @@ class Service:
         self.config = config
         self.metrics = Metrics()
         self.outputs = Outputs(tokenizer, self.metrics, lambda cids: self.engine.cancel(cids))
-        self.engine = EngineClient(engine, self.metrics, self.outputs, warmup=config.warmup,
-                                   stop_timeout_s=config.engine_stop_timeout_s)
+        self.engine = EngineClient(engine, self.metrics, self.outputs, warmup=config.warmup)
         self.ctx = prepare.Context(config.served_model_name, self.engine.info["max_model_len"], tokenizer, template)
         self.pool = ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="g4rt-prepare")
         self.draining = False

@@ -33,10 +33,11 @@ class EngineStartError(RuntimeError):
 
 
 class EngineClient:
-    def __init__(self, spec: EngineSpec, metrics: Metrics, outputs: Outputs, warmup: bool = True,
-                 stop_timeout_s: float = 30.0):
+    STOP_TIMEOUT_S = 30.0  # after "stop": the engine leaves its loop at once; a TP engine's ranks need a moment
+
+    def __init__(self, spec: EngineSpec, metrics: Metrics, outputs: Outputs, warmup: bool = True):
         """Start the engine process and wait until it has built its LLM (raises EngineStartError)."""
-        self.spec, self.metrics, self.outputs, self.stop_timeout_s = spec, metrics, outputs, stop_timeout_s
+        self.spec, self.metrics, self.outputs = spec, metrics, outputs
         self.ready = threading.Event()
         self.failed: str | None = None  # why the engine process is gone, once it is
         self.on_fatal = lambda: None  # called on the reader thread after `failed` is set
@@ -48,8 +49,11 @@ class EngineClient:
         self._keys, self._cids = itertools.count(), itertools.count()
         self._outbox: queue.SimpleQueue = queue.SimpleQueue()
         self._stopping = False
+        self._sender: threading.Thread | None = None
+        self._reader: threading.Thread | None = None
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
+        # not a daemon: a tensor-parallel engine starts its rank processes from it
         self.proc = ctx.Process(target=engine_main, name="g4rt-engine", daemon=False,
                                 args=(child, spec, warmup, logging.getLogger().getEffectiveLevel()))
         self.proc.start()
@@ -101,16 +105,16 @@ class EngineClient:
             return
         self._stopping = True
         self._outbox.put(("stop", None))
-        if self.proc.is_alive() and self.failed is None and hasattr(self, "_sender"):
+        if self.proc.is_alive() and self.failed is None and self._sender is not None:
             self._sender.join(5)
-            self._join(None if self.spec.after else self.stop_timeout_s)
+            self._join(None if self.spec.after else self.STOP_TIMEOUT_S)
         if self.proc.is_alive():
             log.warning("the engine process did not stop; terminating it")
             self.proc.terminate()
             if self._join(5) is None:
                 self.proc.kill()
         self._join(10)
-        if hasattr(self, "_reader"):
+        if self._reader is not None:
             self._reader.join(5)
         self._conn.close()
         atexit.unregister(self.close)
