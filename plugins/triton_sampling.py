@@ -46,7 +46,7 @@ def _gumbel(seed, counter, base, BLOCK: tl.constexpr):
     n = (base // 4 + tl.arange(0, BLOCK // 4)).to(tl.int64)
     r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) + n)
     r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
-    return -tl.log(-tl.log(tl.random.uint_to_uniform_float(r)))
+    return -tl.log(-tl.log(tl.uint_to_uniform_float(r)))
 
 
 @triton.jit
