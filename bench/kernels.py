@@ -324,7 +324,8 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     old sampler's greedy rows with the argmax; `correct`: all in range, at most 1 % of rows differ.
     Then the arms alternate `reps` times, each timed over `calls` calls (`_events_ms`; both through
     their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost), and at the
-    largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults follow numbers."""
+    smallest and largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so
+    defaults can follow numbers."""
     from g4rt.plugins import triton_sampling as ts
 
     old, new_sampler = OldSampler(), BatchSampler("triton")
@@ -354,7 +355,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             for name, ts_ in times.items():
                 rec[name] = [round(min(ts_), 4), round(statistics.median(ts_), 4), round(max(ts_), 4)]
             rec["graph_ms"] = round(time_ms(lambda: ts.sample(logits, pack, out=out)), 4)
-            if rows == max(row_counts) and t > 0.0:  # tiles around the default, each checked first
+            if rows in (min(row_counts), max(row_counts)) and t > 0.0:  # other tiles, each checked first
                 rec["tiles"] = []
                 for block, warps in SAMPLER_TILES:
                     out.fill_(-7)
