@@ -39,7 +39,7 @@ arm() {
   fi
   say "$name: ready ($(grep -o '"warmup_s":[0-9.]*' "$d/ready.json"))"
   # the offline arm runs after the drain and takes about as long as the HTTP sweep: give each half
-  local sweep=$(( (end - SECONDS) / 2 ))
+  local sweep=$(( (end - SECONDS) / 2 )); [ "$sweep" -lt 5 ] && sweep=5  # (timeout 0 would mean none)
   timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --first-requests 10 \
     --out "$d/serve.jsonl" | cut -c1-160
   say "$name: HTTP sweep exit ${PIPESTATUS[0]}"
