@@ -157,6 +157,10 @@ class EngineClient:
                     reason = f"the engine loop died: {args[0]}"
         except (EOFError, OSError):
             pass
+        except Exception as e:  # a bug here would leave every request waiting: fail them instead
+            log.exception("reading the engine's messages failed")
+            reason = f"the API process could not read the engine's messages: {type(e).__name__}: {e}"
+            self.proc.kill()
         if self._stopping and reason is None:
             return
         code = self._join(5)
