@@ -1,7 +1,7 @@
-"""Triton sampler: one program per row (two launches for few rows), a few passes over the logits, no noise
-tensor.
+"""Triton sampler: one program per row (for few rows a row's first passes cut over several programs), a
+few passes over the logits, no noise tensor, no sort.
 
-`sample(logits, rows)` is `reference.sample_ref` (plugins/README.md `sample`) without sorting:
+`sample(logits, rows)` is `reference.sample_ref` (plugins/README.md `sample`):
 
 * greedy rows (temperature 0): one pass, the first argmax;
 * every sampled row, pass 1: the row's top and bottom score and the Gumbel race over the whole row,
@@ -14,14 +14,19 @@ tensor.
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
   the entries likelier than j, which become the next candidates. Each round is one pass (the test of j
-  and the race for the next candidate together); a round succeeds with probability about top_p or more (the
-  nucleus's share of the candidates) and the candidates shrink every round, so it ends, typically after one or two.
+  and the race for the next candidate together); a round succeeds with probability about top_p or more
+  (the nucleus's share of the candidates) and the candidates shrink every round, so it ends, typically
+  after one or two (two on average for N(0, 1) and N(0, 4^2) logits at top_p 0.9 over 262,144 ids).
 
 Every pass keeps its state per lane (running maxima, race winners, masses, counts) and reduces once at
-its end. The launch reads shapes only (no `.item()`), so it can be captured in a CUDA graph. Rows run
-in parallel; with few rows the first pass is cut over several programs per row (`first_pass_splits`),
-the later passes of top-k / top-p rows still run on one program per row.
+its end. With few rows (`first_pass_splits`) the first pass and the first `SPLIT_ROUNDS` top-p rounds
+of rows without top-k run over chunks of the row in one program each (`_first_pass_kernel`,
+`_round_kernel`); the row's program combines them (maxima, sums, the earliest chunk among equal race
+values, so the token is the same however the row is cut) and goes on alone: the top-k search, and
+top-p rounds past those. Launches read shapes only (no `.item()`), so they can be captured in a CUDA
+graph.
 """
+
 from __future__ import annotations
 
 import torch
@@ -79,23 +84,24 @@ def _race_result(best, win):
 
 
 @triton.jit
-def _race_pass(row_ptr, V, inv_t, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr):
-    """One pass: the race winner among entries with key < race_bound, their integer mass, and the integer
-    mass of the entries with key < mass_bound. State stays per lane until the end (one reduction per
-    pass, not per tile); a lane's int32 masses hold V / BLOCK * 2^18 < 2^31."""
+def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr):
+    """One pass over ids lo .. hi-1: the race winner among entries with key < race_bound and its race
+    value, their integer mass, and the integer mass of the entries with key < mass_bound. State stays
+    per lane until the end (one reduction per pass, not per tile); a lane's int32 masses hold
+    V / BLOCK * 2^18 < 2^31."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     win = tl.zeros([BLOCK], tl.int32)
     below_race = tl.zeros([BLOCK], tl.int32)
     below_mass = tl.zeros([BLOCK], tl.int32)
-    for base in range(0, V, BLOCK):
-        idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
+    for base in range(lo, hi, BLOCK):
+        idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
         key, mass = _keys(s, ok, top)
         z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
         best, win = _lane_race(z, idx, best, win)
         below_race += tl.where(key < race_bound, mass, 0)
         below_mass += tl.where(key < mass_bound, mass, 0)
-    _, w = _race_result(best, win)
-    return w, tl.sum(below_race.to(tl.int64), 0), tl.sum(below_mass.to(tl.int64), 0)
+    value, w = _race_result(best, win)
+    return w, value, tl.sum(below_race.to(tl.int64), 0), tl.sum(below_mass.to(tl.int64), 0)
 
 
 @triton.jit
@@ -156,9 +162,10 @@ def _first_pass(row_ptr, lo, hi, inv_t, seed, counter, race_all, noisy, BLOCK: t
 
 
 @triton.jit
-def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, win_ptr, R, V, stride_x, CHUNK, S,
+def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, R, V, stride_x, CHUNK, S,
                        BLOCK: tl.constexpr):
-    """The first pass of row program_id(0) over its chunk program_id(1), for rows of few programs."""
+    """The first pass of row program_id(0) over its chunk program_id(1), for rows of few programs:
+    part[0 | 1 | 2][r, c] = top, bottom, race value; wins[0][r, c] = race winner."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
@@ -167,51 +174,129 @@ def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, win_ptr, R, V, stride_x, CHUNK
     top, bottom, best, win = _first_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, seed, counter,
                                          race_all, noisy, BLOCK)
     at = r * S + c
-    tl.store(part_ptr + 3 * at, top)
-    tl.store(part_ptr + 3 * at + 1, bottom)
-    tl.store(part_ptr + 3 * at + 2, best)
-    tl.store(win_ptr + at, win)
+    RS = R * S
+    tl.store(part_ptr + at, top)
+    tl.store(part_ptr + RS + at, bottom)
+    tl.store(part_ptr + 2 * RS + at, best)
+    tl.store(wins_ptr + at, win)
 
 
 @triton.jit
-def _sample_kernel(x_ptr, rows_ptr, part_ptr, win_ptr, out_ptr, R, V, stride_x, S,
-                   SPLIT: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr, NB: tl.constexpr):
+def _earliest_best(best_ptr, win_ptr, r, S, SP: tl.constexpr):
+    """The winner of row r's chunks: the earliest chunk holding the best race value."""
+    c = tl.arange(0, SP)
+    bests = tl.load(best_ptr + r * S + c, mask=c < S, other=float("-inf"))
+    first = tl.min(tl.where(bests == tl.max(bests, 0), c, SP), 0)
+    return tl.load(win_ptr + r * S + tl.minimum(first, S - 1))
+
+
+@triton.jit
+def _chunk_sum(ptr, r, S, SP: tl.constexpr):
+    c = tl.arange(0, SP)
+    return tl.sum(tl.load(ptr + r * S + c, mask=c < S, other=0), 0)
+
+
+@triton.jit
+def _key_of(row_ptr, win, inv_t, top, raced):
+    """The cut key of candidate `win`, kept below the bound it was raced under (so bounds only fall)."""
+    s_win = tl.load(row_ptr + win).to(tl.float32) * inv_t
+    return tl.minimum(tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32), raced - 1)
+
+
+@triton.jit
+def _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win, raced, active,
+            SP: tl.constexpr, ROUNDS: tl.constexpr):
+    """Row r's top-p rounds 0 .. ROUNDS-1 as the split programs ran them (round q tested the candidate
+    and raced the next one chunk by chunk: part[3 + q], wins[1 + q], mass[2q | 2q + 1]), for an
+    `active` row: (candidate, the bound it was raced under, 1 if a round accepted it)."""
+    done = tl.zeros([], tl.int32)
+    for q in tl.static_range(ROUNDS):
+        likelier = _chunk_sum(mass_ptr + 2 * q * RS, r, S, SP)
+        kept = _chunk_sum(mass_ptr + (2 * q + 1) * RS, r, S, SP)
+        accept = likelier.to(tl.float64) < top_p * kept.to(tl.float64)
+        live = active & (done == 0)
+        key_win = _key_of(row_ptr, win, inv_t, top, raced)
+        nxt = _earliest_best(part_ptr + (3 + q) * RS, wins_ptr + (1 + q) * RS, r, S, SP)
+        done = tl.where(live & accept, 1, done)
+        win = tl.where(live & (accept == 0), nxt, win)
+        raced = tl.where(live & (accept == 0), key_win, raced)
+    return win, raced, done
+
+
+@triton.jit
+def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x, CHUNK, S,
+                  ROUND: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
+    """Top-p round ROUND of row program_id(0) (no top-k) over its chunk program_id(1), for rows of few
+    programs: the rounds before it replayed from their chunks' results, then, if none accepted, this
+    round's race and masses over the chunk."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
+    active = (temp > 0) & race_all & (top_p < 1.0)
+    if active:
+        row_ptr = x_ptr + r.to(tl.int64) * stride_x
+        RS = R * S
+        cc = tl.arange(0, SP)
+        top = tl.max(tl.load(part_ptr + r * S + cc, mask=cc < S, other=float("-inf")), 0)
+        win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
+        win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win,
+                                   tl.full([], KEY_MAX + 1, tl.int32), active, SP, ROUND)
+        if done == 0:
+            key_win = _key_of(row_ptr, win, inv_t, top, raced)
+            lo = c * CHUNK
+            nxt, best, likelier, kept = _race_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, top, seed,
+                                                   counter, key_win, KEY_MAX + 1, BLOCK)
+            at = r * S + c
+            tl.store(part_ptr + (3 + ROUND) * RS + at, best)
+            tl.store(wins_ptr + (1 + ROUND) * RS + at, nxt)
+            tl.store(mass_ptr + 2 * ROUND * RS + at, likelier)
+            tl.store(mass_ptr + (2 * ROUND + 1) * RS + at, kept)
+
+
+@triton.jit
+def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V, stride_x, S,
+                   SPLIT: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr,
+                   NB: tl.constexpr):
     r = tl.program_id(0)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
-    if SPLIT:  # combine the chunks' first passes: the earliest chunk holding the best race value wins
+    RS = R * S
+    if SPLIT:  # combine the chunks' first passes
         c = tl.arange(0, SP)
-        at = r * S + c
-        top = tl.max(tl.load(part_ptr + 3 * at, mask=c < S, other=float("-inf")), 0)
-        bottom = tl.min(tl.load(part_ptr + 3 * at + 1, mask=c < S, other=float("inf")), 0)
-        bests = tl.load(part_ptr + 3 * at + 2, mask=c < S, other=float("-inf"))
-        first = tl.min(tl.where(bests == tl.max(bests, 0), c, SP), 0)
-        win = tl.load(win_ptr + r * S + tl.minimum(first, S - 1))
+        top = tl.max(tl.load(part_ptr + r * S + c, mask=c < S, other=float("-inf")), 0)
+        bottom = tl.min(tl.load(part_ptr + RS + r * S + c, mask=c < S, other=float("inf")), 0)
+        win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
     else:
         top, bottom, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
     if temp > 0:
         bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
+        raced = bound  # the bound `win` was raced under: every later bound is strictly below it
+        done = tl.zeros([], tl.int32)
         if (top_k > 0) & (top_k < V):
             hi = tl.minimum((top - bottom) * SCALE_KEY, KEY_MAX).to(tl.int32)
             bound = _kth_key(row_ptr, V, inv_t, top, hi, top_k.to(tl.int32), BLOCK, NB) + 1
-            win, _, _ = _race_pass(row_ptr, V, inv_t, top, seed, counter, bound, bound, BLOCK)
+            win, _, _, _ = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, bound, bound, BLOCK)
+            raced = bound
+        if SPLIT:  # the rounds the split programs ran (rows without top-k)
+            win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win,
+                                       raced, race_all & (top_p < 1.0), SP, ROUNDS)
         if top_p < 1.0:
-            done = 0
-            raced = bound  # the bound `win` was raced under: every later bound is strictly below it
             while done == 0:
-                s_win = tl.load(row_ptr + win).to(tl.float32) * inv_t
-                key_win = tl.minimum(tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32), raced - 1)
-                nxt, likelier, kept = _race_pass(row_ptr, V, inv_t, top, seed, counter, key_win, bound, BLOCK)
+                key_win = _key_of(row_ptr, win, inv_t, top, raced)
+                nxt, _, likelier, kept = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, key_win, bound,
+                                                    BLOCK)
                 done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
                 win = tl.where(done != 0, win, nxt)
                 raced = key_win
     tl.store(out_ptr + r, win.to(tl.int64))
 
 
+SPLIT_ROUNDS = 2  # top-p rounds the split programs run; a row that needs more goes on in one program
+
+
 def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
-    """Programs per row for the first pass: enough for about two per SM over all rows, each at least
-    four tiles long; 1 (no split) from half the SMs' worth of rows up. Only speed depends on it: maxima
-    and the earliest-winner rule combine the same way however the row is cut."""
+    """Programs per row for the split passes: enough for about two per SM over all rows, each at least
+    four tiles long; 1 (no split) from half the SMs' worth of rows up. Only speed depends on it."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
     return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * sms, rows), 64))
 
@@ -230,13 +315,19 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warp
     splits = first_pass_splits(R, V, block, logits.device) if splits is None else splits
     chunk = triton.cdiv(triton.cdiv(V, splits), block) * block  # whole tiles, so ids stay 4-aligned per tile
     splits = triton.cdiv(V, chunk)
-    part = torch.empty(R * splits * 3 if splits > 1 else 1, dtype=torch.float32, device=logits.device)
-    wins = torch.empty(R * splits if splits > 1 else 1, dtype=torch.int32, device=logits.device)
+    n = R * splits if splits > 1 else 1
+    rounds = SPLIT_ROUNDS if splits > 1 else 0
+    part = torch.empty((3 + rounds) * n, dtype=torch.float32, device=logits.device)
+    wins = torch.empty((1 + rounds) * n, dtype=torch.int32, device=logits.device)
+    mass = torch.empty(max(2 * rounds * n, 1), dtype=torch.int64, device=logits.device)
     # No fused multiply-adds: keys and race values round as the reference's separate ops do.
     opts = dict(num_warps=num_warps, enable_fp_fusion=False)
+    sp = triton.next_power_of_2(splits)
+    args = (R, V, logits.stride(0), chunk, splits)
     if splits > 1:
-        _first_pass_kernel[(R, splits)](logits, rows, part, wins, R, V, logits.stride(0), chunk, splits,
-                                        BLOCK=block, **opts)
-    _sample_kernel[(R,)](logits, rows, part, wins, out, R, V, logits.stride(0), splits, SPLIT=splits > 1,
-                         SP=triton.next_power_of_2(splits), BLOCK=block, NB=8, **opts)
+        _first_pass_kernel[(R, splits)](logits, rows, part, wins, *args, BLOCK=block, **opts)
+        for q in range(rounds):
+            _round_kernel[(R, splits)](logits, rows, part, wins, mass, *args, ROUND=q, SP=sp, BLOCK=block, **opts)
+    _sample_kernel[(R,)](logits, rows, part, wins, mass, out, R, V, logits.stride(0), splits, SPLIT=splits > 1,
+                         ROUNDS=rounds, SP=sp, BLOCK=block, NB=8, **opts)
     return out

@@ -47,16 +47,18 @@ def test_kernel_matches_reference(vocab, block, dtype):
     assert want[5].item() == x[5].float().argmax().item()  # a nucleus of one
 
 
-def test_many_seeds_match_reference():
-    """96 sampled rows of one logits row under 24 seeds x 4 settings: the kernel draws what the
-    reference draws (its noise, cut and race), and the draws really vary."""
-    x = logits_for(2, 300, 1)[0].expand(96, -1).contiguous()
-    params = [(t, k, p, seed, 2) for seed in range(24) for t, k, p in ((1.0, 0, 1.0), (1.0, 20, 1.0),
+@pytest.mark.parametrize("splits", [1, 3])
+def test_many_seeds_match_reference(splits):
+    """64 sampled rows of one logits row under 16 seeds x 4 settings, with one program per row and
+    with the first pass and top-p rounds cut over 3: the kernel draws what the reference draws (its
+    noise, cut and race; some of these top-p rows take 1, 2 and 3 rounds), and the draws vary."""
+    x = logits_for(2, 300, 1)[0].expand(64, -1).contiguous()
+    params = [(t, k, p, seed, 2) for seed in range(16) for t, k, p in ((1.0, 0, 1.0), (1.0, 20, 1.0),
                                                                      (1.5, 0, 0.6), (0.9, 40, 0.8))]
     rows = pack(params)
-    got = ts.sample(x, rows, block=128)
+    got = ts.sample(x, rows, block=64, splits=splits)
     assert torch.equal(got, reference.sample_ref(x, rows))
-    assert len(set(got.tolist())) > 20
+    assert len(set(got.tolist())) > 15
 
 
 def test_a_rows_token_ignores_the_rest_of_the_batch():
@@ -80,7 +82,8 @@ def test_greedy_takes_the_first_of_tied_maxima(splits):
 
 
 def test_split_first_pass_changes_no_token():
-    """A row's first pass cut over several programs (what few rows get) draws what one program draws."""
+    """A row's first pass and top-p rounds cut over several programs (what few rows get) draw what one
+    program draws."""
     x = logits_for(len(PARAMS), 600, 6)
     rows = pack(PARAMS)
     want = reference.sample_ref(x, rows)
