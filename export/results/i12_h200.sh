@@ -11,11 +11,11 @@
 #     eager step per kernel kind), HF skipped.
 # Order: a, L, c, S, L, S, L, S. Every part runs under `timeout` capped by what is left of the budget,
 # so one failing or slow arm costs only its own slot; a part that no longer fits is skipped and says so.
-# Estimates (export/results): a ~100 s (about 40 Triton compiles, ~1 s each, for the tile sweep); E2B "layers"
-# process ~40 s; 31B profile ~90 s (build ~5 s, compile of the layer pieces and capture ~20 s, two
-# generates of 256 x (128 + 8) tokens, profile);
-# E2B "step" unknown: the 31B's 60 layers took 404 s to compile as one graph, so the first "step"
-# process may take ~4 min and later ones less (Inductor's on-disk cache is warm by then).
+# Estimates (export/results): a ~100 s (about 40 Triton compiles of ~1 s for the tile sweep); E2B
+# "layers" process ~40 s; 31B profile ~90 s (build ~5 s, compile of the layer pieces and capture
+# ~20 s, two generates of 256 x (128 + 8) tokens, profile); E2B "step" unknown: the 31B's 60 layers
+# took 404 s to compile as one graph, so the first "step" process may take ~4 min and later ones
+# less (Inductor's on-disk cache is warm by then).
 set -u
 : "${OUT:?OUT must name the results directory}"
 BUDGET=${1:-520}
