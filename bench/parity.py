@@ -33,7 +33,8 @@ it. `tokens_equal_hf32_greedy`: the arm's tokens are the continuation and so is 
 every row, so HF fp32 decoding greedily would have produced exactly our tokens.
 
 With several sizes, each runs in a fresh process (the same command with one `--sizes`): nothing one
-size leaves on the GPU can crowd the next.
+size leaves on the GPU can crowd the next. `--memory-gib` lets sizes whose planned memory fits together
+run side by side (most of a size's time is CPU-bound compilation).
 
 `--break-window` runs our engines with the sliding window W-1 (what an off-by-one window mask in
 a kernel computes) against the true model: the command must then fail. Each record is appended to
@@ -56,7 +57,7 @@ import torch
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from g4rt.models.checkpoint import INITS, hf_config_dict, random_model
+from g4rt.models.checkpoint import INITS, hf_config_dict, model_shapes, random_model
 from g4rt.models.config import PUBLISHED, load_config
 from g4rt.models.layout import KVLayout, PageGeometry
 from g4rt.plugins.ops import check_kernels
@@ -477,6 +478,35 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
     return records
 
 
+def planned_gib(cfg) -> float:
+    """What one size's process holds at its peak, from the config alone: the fp32 weights (ours and HF's
+    are the same tensors), the largest float64 unit of the streamed oracle, and 4 GiB of activations,
+    caches and CUDA context. Measured peaks were within 0.5 GiB of the first two (models/results)."""
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
+
+    with torch.device("meta"):
+        hf = Gemma4ForCausalLM(Gemma4TextConfig(**hf_config_dict(cfg, "float32")))
+    unit = max(sum(p.numel() for p in u.parameters()) for u in _streamed_units(hf))
+    return (sum(s.numel() for s in model_shapes(cfg).values()) * 4 + unit * 8) / 2 ** 30 + 4.0
+
+
+def run_sizes(argv: list[str], sizes: list[str], plan: dict[str, float], memory_gib: float) -> dict[str, int]:
+    """Each size in a fresh process (the same command with one `--sizes`; the last one wins): nothing one
+    size leaves on the GPU (allocator state, compiled graphs) can crowd another. In the given order, a
+    size starts once the planned memory of those running plus its own fits `memory_gib` (always, when
+    none is running). Returns each size's exit status."""
+    waiting, running, codes = list(sizes), {}, {}
+    while waiting or running:
+        while waiting and (not running or sum(plan[n] for n in running) + plan[waiting[0]] <= memory_gib):
+            n = waiting.pop(0)
+            running[n] = subprocess.Popen([sys.executable, "-m", "g4rt.bench.parity", *argv, "--sizes", n])
+        time.sleep(0.5)
+        for n, proc in list(running.items()):
+            if proc.poll() is not None:
+                codes[n] = running.pop(n).returncode
+    return {n: codes[n] for n in sizes}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m g4rt.bench.parity", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -495,6 +525,9 @@ def main(argv=None) -> int:
     ap.add_argument("--break-window", action="store_true", help="our engines use window W-1: must fail")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--device", default=d.device)
+    ap.add_argument("--memory-gib", type=float, default=0.0,
+                    help="run sizes side by side while their planned memory (`planned_gib`) sums to at most this "
+                         "(e.g. 130 on an H200: E2B and E4B together); 0: one size at a time")
     a = ap.parse_args(argv)
     engines, kernels = tuple(a.engines.split(",")), tuple(a.kernels.split(","))
     bad = set(engines) - {"eager", "inductor"}
@@ -506,11 +539,10 @@ def main(argv=None) -> int:
     log = lambda r: log_json(a.out, r, name=LOG)  # noqa: E731
     sizes = a.sizes.split(",")
     if len(sizes) > 1:
-        # A fresh process per size: nothing one size leaves on the GPU (allocator state, compiled graphs)
-        # can crowd the next; a 31B in fp32 takes 114 of the H200's 140 GiB. The last --sizes wins.
         argv = list(sys.argv[1:] if argv is None else argv)
-        codes = {n: subprocess.run([sys.executable, "-m", "g4rt.bench.parity", *argv, "--sizes", n]).returncode
-                 for n in sizes}
+        plan = {n: planned_gib(load_config(n)) for n in sizes}
+        log({"stage": "plan", "planned_gib": {n: round(g, 1) for n, g in plan.items()}, "memory_gib": a.memory_gib})
+        codes = run_sizes(argv, sizes, plan, a.memory_gib)
         log({"stage": "summary", "exit_codes": codes, "pass": not any(codes.values())})
         return 0 if not any(codes.values()) else 1
     torch.set_float32_matmul_precision("highest")  # no TF32: fp32 means fp32, for us and for HF

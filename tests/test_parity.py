@@ -134,7 +134,7 @@ def test_bad_settings_are_refused(tmp_path):
 
 @pytest.mark.slow
 def test_command_exit_status(tmp_path):
-    """The command itself: two sizes, one fresh process each, pass (exit 0); one size with the window
+    """The command itself: two sizes, one fresh process each (side by side), pass (exit 0); one size with the window
     off by one fails (exit 1). Each run appends its records to DIR/parity.jsonl."""
     import json
 
@@ -148,8 +148,40 @@ def test_command_exit_status(tmp_path):
         dirs.append(str(d))
     common = ["--device", "cpu", "--engines", "eager", "--kernels", "reference", "--decode", "4", "--extra", "10",
               "--chunk", "16"]
-    assert main(["--out", str(tmp_path / "ok"), "--sizes", ",".join(dirs), *common]) == 0
+    assert main(["--out", str(tmp_path / "ok"), "--sizes", ",".join(dirs), "--memory-gib", "1000", *common]) == 0
     assert main(["--out", str(tmp_path / "broken"), "--sizes", dirs[0], "--break-window", *common]) == 1
     records = [json.loads(line) for line in (tmp_path / "ok" / "parity.jsonl").read_text().splitlines()]
     assert records[-1] == {"stage": "summary", "exit_codes": dict.fromkeys(dirs, 0), "pass": True}
     assert sum(r.get("stage") == "arm" and r["pass"] for r in records) == 2
+
+
+def test_sizes_run_side_by_side_only_while_their_planned_memory_fits(monkeypatch):
+    """`run_sizes` starts a size once the running ones' plan plus its own fits `memory_gib`, in order;
+    with 0 one at a time."""
+    from g4rt.bench import parity
+
+    live, peaks, started = set(), [], []
+
+    class Proc:
+        def __init__(self, cmd):
+            self.name, self.polls = cmd[-1], 0
+            live.add(self.name)
+            started.append(self.name)
+            peaks.append(set(live))
+
+        def poll(self):
+            self.polls += 1
+            if self.polls < 2:
+                return None
+            live.discard(self.name)
+            self.returncode = 1 if self.name == "c" else 0
+            return self.returncode
+
+    monkeypatch.setattr(parity.subprocess, "Popen", Proc)
+    monkeypatch.setattr(parity.time, "sleep", lambda s: None)
+    plan = {"a": 30.0, "b": 40.0, "c": 100.0}
+    assert parity.run_sizes([], ["a", "b", "c"], plan, 130) == {"a": 0, "b": 0, "c": 1}
+    assert started == ["a", "b", "c"] and {"a", "b"} in peaks and all(len(p) == 1 for p in peaks if "c" in p)
+    peaks.clear()
+    parity.run_sizes([], ["a", "b", "c"], plan, 0)
+    assert all(len(p) == 1 for p in peaks)
