@@ -478,16 +478,18 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
     return records
 
 
-def planned_gib(cfg) -> float:
-    """What one size's process holds at its peak, from the config alone: the fp32 weights (ours and HF's
-    are the same tensors), the largest float64 unit of the streamed oracle, and 4 GiB of activations,
-    caches and CUDA context. Measured peaks were within 0.5 GiB of the first two (models/results)."""
+def memory_plan(cfg) -> dict[str, float]:
+    """What one size's process holds at its peak, from the config alone (GiB): the fp32 weights (ours and
+    HF's are the same tensors), the largest float64 unit of the streamed oracle, and `planned`, their sum
+    plus 4 GiB of activations, caches and CUDA context. Measured peaks were within 0.5 GiB of the first
+    two's sum (models/results)."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     with torch.device("meta"):
         hf = Gemma4ForCausalLM(Gemma4TextConfig(**hf_config_dict(cfg, "float32")))
-    unit = max(sum(p.numel() for p in u.parameters()) for u in _streamed_units(hf))
-    return (sum(s.numel() for s in model_shapes(cfg).values()) * 4 + unit * 8) / 2 ** 30 + 4.0
+    weights = sum(s.numel() for s in model_shapes(cfg).values()) * 4 / 2 ** 30
+    unit = max(sum(p.numel() for p in u.parameters()) for u in _streamed_units(hf)) * 8 / 2 ** 30
+    return {"fp32_weights": weights, "largest_fp64_unit": unit, "planned": weights + unit + 4.0}
 
 
 def run_sizes(argv: list[str], sizes: list[str], plan: dict[str, float], memory_gib: float) -> dict[str, int]:
@@ -526,7 +528,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--device", default=d.device)
     ap.add_argument("--memory-gib", type=float, default=0.0,
-                    help="run sizes side by side while their planned memory (`planned_gib`) sums to at most this "
+                    help="run sizes side by side while their planned memory (`memory_plan`) sums to at most this "
                          "(e.g. 130 on an H200: E2B and E4B together); 0: one size at a time")
     a = ap.parse_args(argv)
     engines, kernels = tuple(a.engines.split(",")), tuple(a.kernels.split(","))
@@ -540,7 +542,7 @@ def main(argv=None) -> int:
     sizes = a.sizes.split(",")
     if len(sizes) > 1:
         argv = list(sys.argv[1:] if argv is None else argv)
-        plan = {n: planned_gib(load_config(n)) for n in sizes}
+        plan = {n: memory_plan(load_config(n))["planned"] for n in sizes}
         log({"stage": "plan", "planned_gib": {n: round(g, 1) for n, g in plan.items()}, "memory_gib": a.memory_gib})
         codes = run_sizes(argv, sizes, plan, a.memory_gib)
         log({"stage": "summary", "exit_codes": codes, "pass": not any(codes.values())})
