@@ -29,6 +29,7 @@ below the row's top, in steps of 2^-16 (scores closer than that are ties of the 
 from __future__ import annotations
 
 import random
+from array import array
 from dataclasses import dataclass
 
 import torch
@@ -73,16 +74,20 @@ class SamplingRows:
 
     `pack` rows: temperature and top_p (float64 bits), top_k, seed, counter (the request's draw count:
     tokens it sampled before this one), int64 [5, R]. Temperature 0 is greedy; top_k 0 and top_p 1
-    disable those filters."""
+    disable those filters. Built every step from Python sequences, so on the host's hot path: each
+    column is one C conversion (`array`) into a buffer the tensor wraps, not a tensor copy of its own."""
 
     def __init__(self, temperature, top_k, top_p, seeds, counters):
-        self.pack = torch.empty((5, len(temperature)), dtype=torch.int64)
-        floats = self.pack[:2].view(torch.float64)
-        floats[0] = torch.as_tensor(temperature, dtype=torch.float64)
-        floats[1] = torch.as_tensor(top_p, dtype=torch.float64)
-        self.pack[2] = torch.as_tensor(top_k, dtype=torch.int64)
-        self.pack[3] = torch.as_tensor(seeds, dtype=torch.int64)
-        self.pack[4] = torch.as_tensor(counters, dtype=torch.int64)
+        columns = (temperature, top_p, top_k, seeds, counters)
+        if len({len(c) for c in columns}) != 1:
+            raise ValueError(f"SamplingRows: temperature, top_p, top_k, seeds and counters must have one "
+                             f"entry per row, got lengths {[len(c) for c in columns]}")
+        buf = bytearray(array("d", temperature))
+        buf += array("d", top_p)
+        for column in columns[2:]:
+            buf += array("q", column)
+        self.pack = torch.frombuffer(buf, dtype=torch.int64).view(5, -1) if buf else \
+            torch.empty((5, 0), dtype=torch.int64)
 
     def __len__(self) -> int:
         return int(self.pack.shape[1])

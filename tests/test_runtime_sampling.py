@@ -108,6 +108,18 @@ def test_noise_is_gumbel_and_keyed_by_vocabulary_id():
 def test_bad_rows_are_refused():
     with pytest.raises(ValueError, match="2 rows"):
         SAMPLE(torch.zeros(3, 10), rows_of([(0.0, 0, 1.0, 0, 0)] * 2))
+    with pytest.raises(ValueError, match="one entry per row"):
+        SamplingRows([1.0, 0.0], [0, 0], [1.0, 1.0], [1, 2], [0])
+
+
+def test_rows_pack_layout():
+    """The packed settings are what the op reads: float64 bits of temperature and top_p, then top_k,
+    seed and counter, one column per row (no rows: an empty [5, 0])."""
+    pack = rows_of([(0.7, 5, 0.9, -3, 2), (0, 0, 1, 2 ** 62, 7)]).pack
+    assert pack.dtype == torch.int64 and pack.shape == (5, 2)
+    assert pack[:2].view(torch.float64).tolist() == [[0.7, 0.0], [0.9, 1.0]]
+    assert pack[2:].tolist() == [[5, 0], [-3, 2 ** 62], [2, 7]]
+    assert SamplingRows([], [], [], [], []).pack.shape == (5, 0)
 
 
 def test_overlapped_loop_matches_one_step_at_a_time(report):
