@@ -449,10 +449,10 @@ def cmd_build(args) -> int:
 def _export_commands(sub) -> None:
     e = sub.add_parser(
         "export", help="export the step graph to ONNX (model.onnx + data + manifest)",
-        description="Export one runtime step (arena + StepBatch in, logits + arena out) as ONNX. The two plugin "
-                    "ops are single nodes G4KVWrite / G4PagedAttention in domain 'gemma4' (what TensorRT's parser "
-                    "hands to registered plugins), each with a reference ONNX function so ONNX Runtime on CPU runs "
-                    "the graph. Weights go to model.onnx.data. Needs the export extra.")
+        description="Export one runtime step (arena + StepBatch in, logits + arena out) as ONNX. The plugin "
+                    "ops are single nodes G4KVWrite / G4PagedAttention / G4MoE in domain 'gemma4' (what "
+                    "TensorRT's parser hands to registered plugins), each with a reference ONNX function so ONNX "
+                    "Runtime on CPU runs the graph. Weights go to model.onnx.data. Needs the export extra.")
     _export_common(e)
     e.set_defaults(func=cmd_export)
     b = sub.add_parser(
