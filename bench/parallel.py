@@ -12,7 +12,8 @@ one rank reads per decode step (its weight shards and its KV at the mean context
 bandwidth measured at the start: ranks read their shards in parallel, so that is the N-GPU roofline;
 the all-reduces are not in it. Records go to DIR/parallel_bench.jsonl; an arm whose TP1 twin
 (same config, batch, lengths) is already in the file records whether its tokens equal TP1's, and
-where they first differ. Run arms alternately, each in a fresh process, at least three times each.
+per sequence where they first differ (`first_differences`, None where equal). Run arms alternately,
+each in a fresh process, at least three times each.
 On CPU (`--device cpu`, e.g. a tiny config directory) the same code runs over gloo, without roofline.
 """
 from __future__ import annotations
@@ -32,7 +33,7 @@ from g4rt.runtime.llm import LLM
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from .common import ceilings, log_json
-from .engine import prompts_for, roofline, run_llm
+from .engine import first_differences, prompts_for, roofline, run_llm
 
 SEED, INIT = 0, "deep"
 RESULTS = "parallel_bench.jsonl"
@@ -52,14 +53,6 @@ def tp1_tokens(path: Path, key: dict) -> list | None:
         r = json.loads(line)
         if r.get("tensor_parallel") == 1 and all(r.get(k) == v for k, v in key.items()):
             return r["tokens"]
-    return None
-
-
-def first_difference(a: list[list[int]], b: list[list[int]]):
-    for s, (x, y) in enumerate(zip(a, b)):
-        for i, (u, v) in enumerate(zip(x, y)):
-            if u != v:
-                return {"sequence": s, "token": i}
     return None
 
 
@@ -103,7 +96,8 @@ def main(argv=None) -> None:
             if a.tensor_parallel > 1:
                 ref = tp1_tokens(out / RESULTS, key)
                 if ref is not None:
-                    record.update(equal_to_tp1=ref == r["tokens"], first_difference=first_difference(ref, r["tokens"]))
+                    record.update(equal_to_tp1=ref == r["tokens"],
+                                  first_differences=first_differences(r["tokens"], ref))
             log_json(out, record, RESULTS)
     finally:
         if isinstance(engine, ParallelEngine):
