@@ -5,7 +5,7 @@
     torch.ops.g4rt.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> None  (mutates arena)
     torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> arena'  (functional)
     torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels) -> out           (the chosen experts' weighted sum)
-    torch.ops.g4rt.sample(logits, rows, kernels) -> token ids              (greedy / temperature / top-k / top-p)
+    torch.ops.g4rt.sample(logits, rows, nucleus, kernels) -> token ids     (greedy / temperature / top-k / top-p)
 
 `kernels` picks the implementation: "triton" (plugins/triton_*.py; on CPU only under the Triton
 interpreter, TRITON_INTERPRET=1) or "reference" (plugins/reference.py, any device). It is an argument
@@ -115,14 +115,14 @@ def _(x, idx, w, gate_up, down, kernels):
 
 
 @torch.library.custom_op("g4rt::sample", mutates_args=())
-def _sample_op(logits: torch.Tensor, rows: torch.Tensor, kernels: str) -> torch.Tensor:
+def _sample_op(logits: torch.Tensor, rows: torch.Tensor, nucleus: bool, kernels: str) -> torch.Tensor:
     if check_kernels(kernels) == "triton":
-        return _triton("triton_sampling").sample(logits, rows)
+        return _triton("triton_sampling").sample(logits, rows, nucleus=nucleus)
     return reference.sample_ref(logits, rows)
 
 
 @_sample_op.register_fake
-def _(logits, rows, kernels):
+def _(logits, rows, nucleus, kernels):
     return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
@@ -156,7 +156,8 @@ def moe(x, idx, w, gate_up, down, kernels: str | None = None) -> torch.Tensor:
     return torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels or default_kernels(x.device))
 
 
-def sample(logits, rows, kernels: str | None = None) -> torch.Tensor:
+def sample(logits, rows, kernels: str | None = None, nucleus: bool = True) -> torch.Tensor:
     """One token id per logits row, int64 [R] on the logits' device (plugins/README.md `sample`); `rows`
-    int64 [5, R] holds each row's temperature, top_p (float64 bits), top_k, seed and draw counter."""
-    return torch.ops.g4rt.sample(logits, rows, kernels or default_kernels(logits.device))
+    int64 [5, R] holds each row's temperature, top_p (float64 bits), top_k, seed and draw counter;
+    `nucleus` False says no row has top_p < 1 (a speed hint: the ids are the same either way)."""
+    return torch.ops.g4rt.sample(logits, rows, bool(nucleus), kernels or default_kernels(logits.device))

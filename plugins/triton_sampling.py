@@ -29,6 +29,8 @@ graph.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -294,17 +296,24 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V,
 SPLIT_ROUNDS = 2  # top-p rounds the split programs run; a row that needs more goes on in one program
 
 
+@functools.cache
+def _sm_count(device: torch.device) -> int:
+    """The device's SM count, looked up once: `sample` needs it on every call."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
+
+
 def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
     """Programs per row for the split passes: enough for about two per SM over all rows, each at least
-    four tiles long; 1 (no split) from half the SMs' worth of rows up. Only speed depends on it."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-    return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * sms, rows), 64))
+    four tiles long; 1 (no split) from twice the SMs' worth of rows up. Only speed depends on it."""
+    return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * _sm_count(device), rows), 64))
 
 
 def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warps: int = 8,
-           out: torch.Tensor | None = None, splits: int | None = None) -> torch.Tensor:
+           out: torch.Tensor | None = None, splits: int | None = None, nucleus: bool = True) -> torch.Tensor:
     """Token ids int64 [R] for logits [R, V] and rows int64 [5, R] on its device; `out` (int64 [R]) to
-    write them into (the bench poisons it first); `splits` overrides `first_pass_splits`."""
+    write them into (the bench poisons it first); `splits` overrides `first_pass_splits`. `nucleus`
+    False (the caller knows no row has top_p < 1) skips the split top-p rounds' launches, which would
+    find no row to work on; only speed depends on it (a row's program runs any rounds left)."""
     R, V = logits.shape
     out = torch.empty(R, dtype=torch.int64, device=logits.device) if out is None else out
     if R == 0:
@@ -316,7 +325,7 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 1024, num_warp
     chunk = triton.cdiv(triton.cdiv(V, splits), block) * block  # whole tiles, so ids stay 4-aligned per tile
     splits = triton.cdiv(V, chunk)
     n = R * splits if splits > 1 else 1
-    rounds = SPLIT_ROUNDS if splits > 1 else 0
+    rounds = SPLIT_ROUNDS if splits > 1 and nucleus else 0
     part = torch.empty((3 + rounds) * n, dtype=torch.float32, device=logits.device)
     wins = torch.empty((1 + rounds) * n, dtype=torch.int32, device=logits.device)
     mass = torch.empty(max(2 * rounds * n, 1), dtype=torch.int64, device=logits.device)

@@ -83,12 +83,14 @@ def test_greedy_takes_the_first_of_tied_maxima(splits):
 
 def test_split_first_pass_changes_no_token():
     """A row's first pass and top-p rounds cut over several programs (what few rows get) draw what one
-    program draws."""
+    program draws, and so does the split first pass without the split rounds (`nucleus` False), which
+    leaves the top-p rows' rounds to their row's program."""
     x = logits_for(len(PARAMS), 600, 6)
     rows = pack(PARAMS)
     want = reference.sample_ref(x, rows)
     for splits in (1, 5):
         assert torch.equal(ts.sample(x, rows, block=64, splits=splits), want)
+    assert torch.equal(ts.sample(x, rows, block=64, splits=5, nucleus=False), want)
 
 
 def test_op_dispatch():
@@ -96,7 +98,7 @@ def test_op_dispatch():
     x = logits_for(len(PARAMS), 200, 5)
     rows = pack(PARAMS)
     assert torch.equal(ops.sample(x, rows, "triton"), ops.sample(x, rows, "reference"))
-    torch.library.opcheck(torch.ops.g4rt.sample.default, (x, rows, "reference"),
+    torch.library.opcheck(torch.ops.g4rt.sample.default, (x, rows, True, "reference"),
                           test_utils=("test_schema", "test_faketensor"))
     with pytest.raises(ValueError, match="kernels"):
         ops.sample(x, rows, "cuda")

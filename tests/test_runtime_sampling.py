@@ -120,6 +120,7 @@ def test_rows_pack_layout():
     assert pack[:2].view(torch.float64).tolist() == [[0.7, 0.0], [0.9, 1.0]]
     assert pack[2:].tolist() == [[5, 0], [-3, 2 ** 62], [2, 7]]
     assert SamplingRows([], [], [], [], []).pack.shape == (5, 0)
+    assert rows_of([(0.7, 5, 0.9, -3, 2)]).nucleus and not rows_of([(0.7, 5, 1.0, -3, 2)]).nucleus
 
 
 def test_overlapped_loop_matches_one_step_at_a_time(report):
