@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from g4rt.models.config import PUBLISHED, ConfigError, load_config
-from g4rt.models.layout import DTYPES, PageGeometry
+from g4rt.models.layout import DTYPES, PAGE_TOKENS, PageGeometry
 from g4rt.models.manifest import BACKENDS
 from g4rt.models.parallel import TP_SIZES
 from g4rt.plugins.ops import KERNELS, check_kernels
@@ -304,7 +304,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", default=None, metavar="|".join(KERNELS),
                    help="implementation of the plugin ops and the model's fused blocks: triton or the torch "
                         "reference (default: triton on CUDA, reference on CPU)")
-    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
+    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=PAGE_TOKENS,
                    help="positions per sliding-group page")
     p.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
     p.add_argument("--max-batched-tokens", "--max-num-batched-tokens", type=_positive("--max-batched-tokens"),
@@ -392,8 +392,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-gib", type=_positive("--memory-gib", float), default=None,
                    help="device memory for weights + KV, in GiB")
     p.add_argument("--chunk", type=_positive("--chunk"), default=1, help="prefill chunk (1 = decode only)")
-    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16)
-    p.add_argument("--dtype", choices=["bfloat16", "float16", "float32"], default=None,
+    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=PAGE_TOKENS)
+    p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="weights and KV dtype (default: the config's)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
@@ -409,7 +409,7 @@ def _export_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, help="engine directory to write")
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="weights/arena dtype (default: float32 for onnxruntime, else bfloat16)")
-    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=16,
+    p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=PAGE_TOKENS,
                    help="sliding-group page size (runtime's default)")
 
 

@@ -36,7 +36,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from g4rt.models.config import load_config
-from g4rt.models.layout import KVLayout, PageGeometry, torch_dtype
+from g4rt.models.layout import PAGE_TOKENS, KVLayout, PageGeometry, torch_dtype
 from g4rt.models.parallel import ParallelError, check_tensor_parallel, load_rank_model, random_rank_model, \
     rank_config
 from g4rt.models.step import StepBatch, input_shape, to_device
@@ -61,7 +61,7 @@ class RankSpec:
     dtype: str | None = None  # default: the config's (random weights: bfloat16)
     device: str = "cpu"  # "cpu", or "cuda[:k]": rank r on cuda:(k + r)
     kernels: str | None = None
-    page_tokens: int = 16
+    page_tokens: int = PAGE_TOKENS
     backend: str = "eager"  # "eager" | "inductor" (torch.compile per rank, decode as CUDA graphs)
     compile_mode: str | None = "default"
     compile_scope: str = "layers"
