@@ -1,5 +1,5 @@
-"""What every GPU bench shares: timers, the machine's ceilings (copy bandwidth, bf16 matmul rate) and
-a JSON-lines logger that keeps what a run did even when it is cut short."""
+"""What every GPU bench shares: timers, the machine's ceilings (copy bandwidth, bf16 matmul rate), a
+JSON-lines logger that keeps what a run did even when it is cut short, and where two arms' tokens part."""
 from __future__ import annotations
 
 import json
@@ -20,6 +20,11 @@ def log_json(out: Path, record: dict, name: str = "runtime_bench.jsonl") -> dict
     with open(out / name, "a") as f:
         f.write(json.dumps(record) + "\n")
     return record
+
+
+def first_differences(tokens, reference) -> list:
+    """Per sequence, the first index where the greedy tokens differ (None: identical)."""
+    return [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(tokens, reference)]
 
 
 _FLUSH = None

@@ -47,7 +47,7 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
-from .common import ceilings, log_json, sync
+from .common import ceilings, first_differences, log_json, sync
 
 
 def weight_bytes_per_step(model, batch: int = 1) -> int:
@@ -251,11 +251,6 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]
         del mats
         torch.cuda.empty_cache()
     return records
-
-
-def first_differences(tokens, reference) -> list:
-    """Per sequence, the first index where the greedy tokens differ (None: identical)."""
-    return [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(tokens, reference)]
 
 
 def _graph_of(engine, batch: int):

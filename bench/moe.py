@@ -43,8 +43,8 @@ from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .common import ceilings, log_json, sync, time_ms
-from .engine import (active_weight_bytes, decode_profile, expert_bytes, first_differences, hf_decode, hf_model_from,
+from .common import ceilings, first_differences, log_json, sync, time_ms
+from .engine import (active_weight_bytes, decode_profile, expert_bytes, hf_decode, hf_model_from,
                      kernel_kinds, kv_bytes_per_step, prompts_for, run_llm, weight_bytes_per_step)
 
 # Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles:

@@ -32,8 +32,8 @@ from g4rt.runtime.engines.parallel import ParallelEngine, RankSpec, engine_for
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .common import ceilings, log_json
-from .engine import first_differences, prompts_for, roofline, run_llm
+from .common import ceilings, first_differences, log_json
+from .engine import prompts_for, roofline, run_llm
 
 SEED, INIT = 0, "deep"
 RESULTS = "parallel_bench.jsonl"

@@ -22,13 +22,13 @@ import torch
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
-from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.models.layout import PageGeometry
 from g4rt.runtime.admission import promise_for
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .common import log_json, sync
+from .common import first_differences, log_json, sync
 
 
 def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: int) -> dict:
@@ -60,7 +60,7 @@ def long_context(model, out: Path, context: int, chunk: int, decode: int, seed: 
                            "elapsed_s": round(time.perf_counter() - t0, 1)})
     total = time.perf_counter() - t0
     (res,) = [o for o in done if o.request_id == rid]
-    layout = KVLayout.from_config(model.config, "bfloat16")
+    layout = model.layout  # in the model's dtype, as the arena's frames are
     frame = geometry.frame_bytes()
     plan = {"sliding": layout.sliding.bytes_per_token * layout.sliding.resident_positions(context, chunk),
             "full": layout.full.bytes_per_token * context}
@@ -101,8 +101,7 @@ def paged_vs_linear(model, out: Path, prompt_lens: list[int], new_tokens: int, c
         if name == "paged":
             llm.engine.arena.close()
     same = [a == b for a, b in zip(runs["paged"], runs["linear"])]
-    first_diff = [next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None)
-                  for a, b in zip(runs["paged"], runs["linear"])]
+    first_diff = first_differences(runs["paged"], runs["linear"])
     rel = [((a - b).norm() / b.norm()).item() for a, b in zip(runs["paged_logits"], runs["linear_logits"])]
     record = {"check": "equal", "prompt_lens": prompt_lens, "first_logits_rel_err": rel, "new_tokens": new_tokens, "chunk": chunk,
               "identical": same, "first_difference_at": first_diff, "paged_s": runs["paged_s"],
