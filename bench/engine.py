@@ -464,10 +464,10 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed)
     wbytes = weight_bytes_per_step(model)
+    roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
-         "roofline_tok_s_batch1": roofline(model, 1, a.prompt_len, ceil)["roofline_tok_s_total"],
-         **roofline(model, 1, a.prompt_len, ceil)})
+         "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})
     batches = [int(x) for x in a.batches.split(",") if x]
     if a.matmuls:
         for r in matmul_roles(model, bw, batches):
