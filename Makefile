@@ -13,7 +13,7 @@ TOKENS  ?= 24
 ENGINE  ?= artifacts/$(notdir $(MODEL))-ort
 PYTEST_ARGS ?=
 
-.PHONY: help venv run test test-fast plan bench-gpu clean
+.PHONY: help venv run test test-fast plan bench-gpu gpu-parity trt-engine clean
 
 help:
 	@echo "make run        build the ONNX Runtime engine of the tiny Gemma 4 (or MODEL=dir) and generate (PROMPT=text, TOKENS=n)"
@@ -21,6 +21,8 @@ help:
 	@echo "make test-fast  the same without the tests marked slow (over 10 s each)"
 	@echo "make plan       KV bytes and capacity for the four published sizes"
 	@echo "make trt-engine build + verify a TensorRT engine of MODEL (needs TensorRT >= 10.9 and a GPU)"
+	@echo "make bench-gpu  kernels, runtime and inductor engine benches (CUDA, the gpu extra; OUT_DIR=dir)"
+	@echo "make gpu-parity the four published sizes against Hugging Face in float64 (CUDA; PARITY_ARGS=...)"
 	@echo "make clean      remove the virtualenv and artifacts"
 
 $(STAMP): pyproject.toml
@@ -59,7 +61,6 @@ bench-gpu:
 # On a CUDA machine: the four published sizes at full depth, eager and inductor engines, Triton and
 # reference kernels, against Hugging Face in float64 (bench/parity.py; results in models/results/).
 # PARITY_ARGS="--break-window" runs our engines with the sliding window W-1, which must fail.
-.PHONY: gpu-parity
 gpu-parity:
 	python3 -m g4rt.bench.parity --out $(OUT_DIR)/parity $(PARITY_ARGS)
 
@@ -68,7 +69,6 @@ gpu-parity:
 # steps, plan build with progress, arena-copy inspection, polygraphy check, greedy tokens vs eager.
 # TRT_ARGS passes build limits, e.g. TRT_ARGS="--chunk 8192 --max-batched-tokens 8192".
 TRT_ENGINE ?= artifacts/$(notdir $(MODEL))-trt
-.PHONY: trt-engine
 trt-engine: $(STAMP)
 	$(BIN)/g4rt trt-engine --model $(MODEL) --out $(TRT_ENGINE) $(TRT_ARGS)
 
