@@ -242,6 +242,7 @@ def test_models_health_metrics(served, client):
     ({"prompt": "x", "temperatur": 1.0}, 400, "unknown field 'temperatur'"),
     ({"prompt": "x", "max_tokens": "five"}, 400, "max_tokens"),
     ({"prompt": "x", "seed": 2**64}, 400, "seed"),
+    ({"prompt": "x", "seed": 2**63 - 1, "n": 2}, 400, "seed"),  # seed + 1 would overflow the step's int64 seeds
     ({"prompt": "x", "stop_token_ids": ["a"]}, 400, "stop_token_ids"),
     ({"prompt": "x", "top_p": 0}, 400, "top_p"),
     ({"prompt": [2, 10**6]}, 400, "outside the vocabulary"),

@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-SEED_MAX = 2**63 - 1  # torch.Generator.manual_seed's range, less the n-1 added for n > 1 choices
 MAX_N = 128
+SEED_MAX = 2**63 - MAX_N  # choice i samples with seed + i: all n of them must fit the sampler's int64 seeds
 MAX_LOGPROBS = 20
 
 
