@@ -15,8 +15,8 @@ few passes over the logits, no noise tensor, no sort.
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
   the entries likelier than j, which become the next candidates. Each round is one pass (the test of j
   and the race for the next candidate together); a round succeeds with probability about top_p or more
-  (the nucleus's share of the candidates) and the candidates shrink every round, so it ends, typically
-  after one or two (two on average for N(0, 1) and N(0, 4^2) logits at top_p 0.9 over 262,144 ids).
+  (the nucleus's share of the candidates) and the candidates shrink every round, so it ends, after at
+  most about 1 / top_p rounds on average (1.1 at top_p 0.9).
 
 Every pass keeps its state per lane (running maxima, race winners, masses, counts) and reduces once at
 its end. With few rows (`first_pass_splits`) the first pass and the first `SPLIT_ROUNDS` top-p rounds
