@@ -63,7 +63,7 @@ def derive_profiles(limits: StepLimits, geometry: PageGeometry) -> dict[str, lis
                   geometry.pages_for("sliding", limits.max_model_len), frames)
     full = min(geometry.pages_for("full", limits.max_model_len), frames)
     top = {"tokens": limits.max_batched_tokens, "seqs": limits.max_seqs, "rows": limits.max_seqs,
-           "sliding_pages": max(1, sliding), "full_pages": max(1, full), "frames": frames}
+           "sliding_pages": sliding, "full_pages": full, "frames": frames}  # each >= 1 (StepLimits are)
     opt = dict(top, tokens=limits.max_seqs)
     assert set(top) == set(SYMBOLS), "a step symbol without a bound"
     return {sym: [1, opt[sym], top[sym]] for sym in SYMBOLS}
