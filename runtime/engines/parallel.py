@@ -81,7 +81,7 @@ class RankSpec:
 
     def threads_per_rank(self) -> int:
         """CPU ranks share the cores: more threads than cores make OpenMP spin against the other
-        ranks (a 2-core host ran 100x slower with 2 threads per rank)."""
+        ranks (seen on a 2-core host with 2 threads per rank; that slowdown is in no committed results file)."""
         return self.cpu_threads or max(1, len(os.sched_getaffinity(0)) // self.tensor_parallel)
 
     def config(self):
