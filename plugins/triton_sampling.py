@@ -199,10 +199,16 @@ def _chunk_sum(ptr, r, S, SP: tl.constexpr):
 
 
 @triton.jit
+def _chunk_max(ptr, r, S, SP: tl.constexpr):
+    c = tl.arange(0, SP)
+    return tl.max(tl.load(ptr + r * S + c, mask=c < S, other=float("-inf")), 0)
+
+
+@triton.jit
 def _key_of(row_ptr, win, inv_t, top, raced):
     """The cut key of candidate `win`, kept below the bound it was raced under (so bounds only fall)."""
-    s_win = tl.load(row_ptr + win).to(tl.float32) * inv_t
-    return tl.minimum(tl.minimum((top - s_win) * SCALE_KEY, KEY_MAX).to(tl.int32), raced - 1)
+    key, _ = _keys(tl.load(row_ptr + win).to(tl.float32) * inv_t, True, top)
+    return tl.minimum(key, raced - 1)
 
 
 @triton.jit
@@ -238,8 +244,7 @@ def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x,
     if active:
         row_ptr = x_ptr + r.to(tl.int64) * stride_x
         RS = R * S
-        cc = tl.arange(0, SP)
-        top = tl.max(tl.load(part_ptr + r * S + cc, mask=cc < S, other=float("-inf")), 0)
+        top = _chunk_max(part_ptr, r, S, SP)
         win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
         win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win,
                                    tl.full([], KEY_MAX + 1, tl.int32), active, SP, ROUND)
@@ -265,7 +270,7 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V,
     RS = R * S
     if SPLIT:  # combine the chunks' first passes
         c = tl.arange(0, SP)
-        top = tl.max(tl.load(part_ptr + r * S + c, mask=c < S, other=float("-inf")), 0)
+        top = _chunk_max(part_ptr, r, S, SP)
         bottom = tl.min(tl.load(part_ptr + RS + r * S + c, mask=c < S, other=float("inf")), 0)
         win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
     else:
