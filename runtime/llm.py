@@ -176,7 +176,7 @@ class LLM:
     def _queue_logprobs(self, step: ScheduledStep, logits: torch.Tensor, tokens: torch.Tensor):
         """Queue the log-probabilities of the rows whose requests asked for them, and their copies to
         the host (read at commit, after the step's event: no wait for the step launched after it)."""
-        rows = [i for i, seq in enumerate(step.sampled) if seq.seq_id in self._logprobs]
+        rows = [i for i, seq in enumerate(step.sampled) if seq.seq_id in self._logprobs] if self._logprobs else []
         if not rows:
             return None
         idx = to_device(torch.tensor(rows), logits.device)
