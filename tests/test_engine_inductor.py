@@ -121,7 +121,12 @@ def test_decode_padding_to_a_bucket_changes_nothing_real():
     decode = sched.schedule().batch
     assert decode.num_tokens == decode.num_seqs == 3 and decode.full_table.shape[1] < 8
     padded = DecodeInputs(4, 8, 8)
+    padded.flat.fill_(-3)  # whatever an earlier step left: fill writes every element
     padded.fill(decode)
+    other = DecodeInputs(4, 8, 8)
+    other.flat.fill_(7)
+    other.fill(decode)
+    assert torch.equal(padded.flat, other.flat)
     before = arena.tensor.clone()
     with torch.inference_mode():
         want = step(arena.tensor.clone(), *decode.tensors())

@@ -55,30 +55,30 @@ class DecodeInputs:
     def __init__(self, b: int, ms: int, mf_: int, device="cpu", pin: bool = False):
         sizes_of = {"tokens": b, "seqs": b, "rows": b, "sliding_pages": ms, "full_pages": mf_}
         shapes = {name: input_shape(name, sizes_of) for name in StepBatch.names()}
-        sizes = [math.prod(s) for s in shapes.values()]
-        self.flat = torch.empty(sum(sizes), dtype=torch.int32, device=device, pin_memory=pin)
-        self.views = [v.view(shape) for v, shape in zip(self.flat.split(sizes), shapes.values())]
+        self._sizes = [math.prod(s) for s in shapes.values()]
+        self._shapes = list(shapes.values())
+        self.flat = torch.empty(sum(self._sizes), dtype=torch.int32, device=device, pin_memory=pin)
+        self.views = self._views(self.flat)
         self.fields = dict(zip(shapes, self.views))
-        self.b = b
-        self._iota = torch.arange(b + 1, dtype=torch.int32)  # the padded rows' cu_q and logits rows
+        # Every row a dummy one, built once: `fill` copies it in one op, then writes the real rows over it.
+        self._padding = torch.zeros(sum(self._sizes), dtype=torch.int32)
+        pad = dict(zip(shapes, self._views(self._padding)))
+        pad["kv_lens"].fill_(1)
+        pad["sliding_slots"].fill_(-1)
+        pad["full_slots"].fill_(-1)
+        pad["cu_q"].copy_(torch.arange(b + 1))  # row i starts at token i: one token per row
+        pad["logits_rows"].copy_(torch.arange(b))
+
+    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
+        return [v.view(shape) for v, shape in zip(flat.split(self._sizes), self._shapes)]
 
     def fill(self, batch: StepBatch | None) -> None:
         """Write `batch` (n <= b sequences of one token each; None: no sequence) and pad the rest."""
-        f, b = self.fields, self.b
-        n = 0 if batch is None else batch.num_seqs
-        f["sliding_table"].zero_()
-        f["full_table"].zero_()
+        self.flat.copy_(self._padding)
         if batch is not None:
-            for name, src in zip(StepBatch.names(), batch.tensors()):
-                dst = f[name][:, : src.shape[1]] if src.dim() == 2 else f[name]
+            for dst, src in zip(self.views, batch.tensors()):
+                dst = dst[:, : src.shape[1]] if src.dim() == 2 else dst
                 dst[: src.shape[0]] = src
-        for name in ("token_ids", "positions", "sliding_first"):
-            f[name][n:] = 0
-        f["kv_lens"][n:] = 1
-        f["sliding_slots"][n:] = -1
-        f["full_slots"][n:] = -1
-        f["cu_q"][n:] = self._iota[n:]  # row n starts at token n: one token per row
-        f["logits_rows"][n:] = self._iota[n:b]
 
 
 class ArenaStep(torch.nn.Module):
