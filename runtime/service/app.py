@@ -43,7 +43,6 @@ class ServiceConfig:
     read_timeout_s: float = 30.0
     retry_after_s: int = 1
     prepare_threads: int = 4
-    warmup: bool = True
 
     def __post_init__(self):
         for name in ("max_queue", "max_body_bytes", "prepare_threads"):
@@ -64,7 +63,7 @@ class Service:
         self.config = config
         self.metrics = Metrics()
         self.outputs = Outputs(tokenizer, self.metrics, lambda cids: self.engine.cancel(cids))
-        self.engine = EngineClient(engine, self.metrics, self.outputs, warmup=config.warmup)
+        self.engine = EngineClient(engine, self.metrics, self.outputs)
         self.ctx = prepare.Context(config.served_model_name, self.engine.info["max_model_len"], tokenizer, template)
         self.pool = ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="g4rt-prepare")
         self.draining = False

@@ -35,7 +35,7 @@ class EngineStartError(RuntimeError):
 class EngineClient:
     STOP_TIMEOUT_S = 30.0  # after "stop": the engine leaves its loop at once; a TP engine's ranks need a moment
 
-    def __init__(self, spec: EngineSpec, metrics: Metrics, outputs: Outputs, warmup: bool = True):
+    def __init__(self, spec: EngineSpec, metrics: Metrics, outputs: Outputs):
         """Start the engine process and wait until it has built its LLM (raises EngineStartError)."""
         self.spec, self.metrics, self.outputs = spec, metrics, outputs
         self.ready = threading.Event()
@@ -55,7 +55,7 @@ class EngineClient:
         self._conn, child = ctx.Pipe()
         # not a daemon: a tensor-parallel engine starts its rank processes from it
         self.proc = ctx.Process(target=engine_main, name="g4rt-engine", daemon=False,
-                                args=(child, spec, warmup, logging.getLogger().getEffectiveLevel()))
+                                args=(child, spec, logging.getLogger().getEffectiveLevel()))
         self.proc.start()
         child.close()  # the engine's end lives in the engine alone, so its exit is this end's EOF
         atexit.register(self.close)

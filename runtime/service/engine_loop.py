@@ -66,7 +66,7 @@ def warm_up(llm: LLM) -> float:
     return seconds
 
 
-def engine_main(conn, spec: EngineSpec, warmup: bool, log_level: int) -> None:
+def engine_main(conn, spec: EngineSpec, log_level: int) -> None:
     """The engine process's entry point (multiprocessing, "spawn": CUDA cannot be used after a fork)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -83,7 +83,7 @@ def engine_main(conn, spec: EngineSpec, warmup: bool, log_level: int) -> None:
                          "max_num_seqs": s.config.max_num_seqs, "engine": type(llm.engine).__name__,
                          "pid": os.getpid()}))
     try:
-        EngineLoop(llm, conn, warmup).serve()
+        EngineLoop(llm, conn).serve()
     except BaseException as e:
         log.exception("the engine loop stopped; the service cannot go on")
         try:
@@ -103,8 +103,8 @@ class _Tracked:
 
 
 class EngineLoop:
-    def __init__(self, llm: LLM, conn, warmup: bool = True):
-        self.llm, self.conn, self.warmup = llm, conn, warmup
+    def __init__(self, llm: LLM, conn):
+        self.llm, self.conn = llm, conn
         self._tracked: dict[int, _Tracked] = {}  # engine request id -> its choice
         self._rids: dict[int, int] = {}  # choice id -> engine request id
         self._finished: list = []  # outputs taken while refusing an admission, published with the next step
@@ -112,7 +112,7 @@ class EngineLoop:
 
     def serve(self) -> None:
         with torch.inference_mode():
-            warmup_s = warm_up(self.llm) if self.warmup else None
+            warmup_s = warm_up(self.llm)
             self._publish([], None)  # the KV pool's size and state before any request
             self.conn.send(("ready", warmup_s))
             while self._take(block=not self.llm.has_unfinished()):
