@@ -52,12 +52,12 @@ arm() {
   grep -E "warm-up done|draining|Traceback|Error" "$d/host.log" | head -8
 }
 
-# E2B: ~20 s start-up, warm-up (126 decode graphs) ~90 s, HTTP sweep ~60 s, offline ~55 s.
+# E2B (h200_serve_split_e2b_host.log): build 13 s, warm-up (126 decode graphs) 73 s, HTTP sweep 78 s, offline 73 s.
 if [[ " $ARMS " == *" e2b "* ]]; then
   arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
     "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
 fi
-# The 31B: build + compile ~1-2 min, warm-up of 90 decode graphs (60 layers) not measured yet, sweeps ~1 min.
+# The 31B: build, warm-up and sweep times not measured yet.
 if [[ " $ARMS " == *" 31b "* ]]; then
   if [ "$(left)" -ge 200 ]; then
     arm 31b "$(( $(left) - 5 ))" "--config 31b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 48" \
