@@ -83,7 +83,9 @@ class StopStrings:
 
     `feed(piece)` returns the text safe to emit now: everything except a tail that could still be the
     start of a stop string. When a stop string is found, `hit` is set and the text up to it (or through
-    it, with `include`) is the last thing returned.
+    it, with `include`) is the last thing returned. It keeps only the text a stop string could still
+    overlap (`text`, of which the first `emitted` characters went out), so a token costs the same at
+    the end of a long generation as at its start.
     """
 
     stops: tuple[str, ...]
@@ -93,19 +95,23 @@ class StopStrings:
     hit: bool = False
 
     def feed(self, piece: str, final: bool = False) -> str:
+        if not self.stops:
+            return piece
         if self.hit:
             return ""
-        start = max(0, self.emitted - max((len(s) for s in self.stops), default=0))
+        longest = max(len(s) for s in self.stops)
         self.text += piece
-        found = [(i, s) for s in self.stops if (i := self.text.find(s, start)) >= 0]
+        found = [(i, s) for s in self.stops if (i := self.text.find(s, max(0, self.emitted - longest))) >= 0]
         if found:
             i, s = min(found)
             end = i + len(s) if self.include else i
             self.hit = True
-        elif final or not self.stops:
+        elif final:
             end = len(self.text)
         else:
-            end = max(self.emitted, len(self.text) - max(len(s) for s in self.stops) + 1)
+            end = max(self.emitted, len(self.text) - longest + 1)
         out = self.text[self.emitted:end]
         self.emitted = max(self.emitted, end)
+        keep = max(0, self.emitted - longest)
+        self.text, self.emitted = self.text[keep:], self.emitted - keep
         return out
