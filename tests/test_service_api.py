@@ -227,14 +227,18 @@ def test_chat_uses_the_checkpoint_template(served, client):
 def test_models_health_metrics(served, client):
     assert [m.id for m in client.models.list().data] == [NAME]
     assert httpx.get(served[0].url + "/health").json() == {"status": "ok"}
-    text = httpx.get(served[0].url + "/metrics").text
-    for name in ("g4rt_http_requests_total", "g4rt_time_to_first_token_seconds_bucket",
-                 "g4rt_inter_token_latency_seconds", "g4rt_e2e_request_latency_seconds",
-                 "g4rt_request_queue_time_seconds", "g4rt_num_requests_running", "g4rt_num_requests_waiting",
-                 'g4rt_kv_frames{group="full",state="used"}', "g4rt_step_seconds", "g4rt_prompt_tokens_total",
-                 "g4rt_generation_tokens_total"):
-        assert name in text, name
-    assert 'g4rt_http_requests_total{endpoint="/v1/completions",status="200"}' in text
+    client.completions.create(model=NAME, prompt="Hello", max_tokens=3, temperature=0, extra_body={"ignore_eos": True})
+    samples = dict(line.rsplit(" ", 1) for line in httpx.get(served[0].url + "/metrics").text.splitlines()
+                   if line and not line.startswith("#"))
+    for name in ("g4rt_time_to_first_token_seconds_count", "g4rt_inter_token_latency_seconds_count",
+                 "g4rt_e2e_request_latency_seconds_count", "g4rt_request_queue_time_seconds_count",
+                 "g4rt_step_seconds_count", "g4rt_prompt_tokens_total", "g4rt_generation_tokens_total",
+                 'g4rt_request_finished_total{reason="length"}', "g4rt_ready",
+                 'g4rt_http_requests_total{endpoint="/v1/completions",status="200"}'):
+        assert float(samples.get(name, 0)) > 0, name  # observed, not only registered
+    assert float(samples['g4rt_kv_frames{group="all",state="total"}']) == FRAMES
+    for name in ("g4rt_num_requests_running", "g4rt_num_requests_waiting", 'g4rt_kv_frames{group="full",state="used"}'):
+        assert name in samples, name
 
 
 @pytest.mark.parametrize("body, status, needle", [
