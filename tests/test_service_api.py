@@ -255,6 +255,7 @@ def test_models_health_metrics(served, client):
     ({"prompt": list(range(4, 400)), "max_tokens": 3600}, 422, "frames"),
     ({"prompt": "x", "presence_penalty": 0.5}, 400, "not supported"),
     ({"prompt": "x", "logit_bias": {"5": 1}}, 400, "logit_bias is not supported"),
+    ({"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo with logprobs"),
 ])
 def test_error_objects(served, client, body, status, needle):
     with pytest.raises(openai.APIStatusError) as e:

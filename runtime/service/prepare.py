@@ -91,13 +91,13 @@ def _spec(kind: str, req, prompts: list[list[int]], texts: list, max_new, ctx: C
 def completion(body: bytes, ctx: Context) -> Spec:
     req = parse(CompletionRequest, body)
     _check_model(ctx, req.model)
+    if req.echo and req.logprobs is not None:  # before tokenizing: a refused request costs no tokenizer work
+        raise APIError(400, "echo with logprobs needs prompt logprobs, which this engine does not compute", "echo")
     raw = req.prompts()
     texts = [p if isinstance(p, str) else None for p in raw]
     given = [t for t in texts if t is not None]
     encoded = iter(_tokenize(ctx, given, True, "prompt") if given else [])
     prompts = [next(encoded) if isinstance(p, str) else list(p) for p in raw]
-    if req.echo and req.logprobs is not None:
-        raise APIError(400, "echo with logprobs needs prompt logprobs, which this engine does not compute", "echo")
     if (req.echo or req.stops) and ctx.tokenizer is None:
         raise APIError(400, "echo and stop strings need a tokenizer", "stop" if req.stops else "echo")
     if req.echo:  # token-id prompts echo as their text
