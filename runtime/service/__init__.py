@@ -13,6 +13,6 @@ client's Python and no client waits on a step:
   applies stop strings, formats logprobs and encodes the SSE chunks and responses (outputs.py),
   then posts them to the event loop in one call.
 
-Modules import one way: protocol, text, chat, metrics, wire  <-  prepare, outputs, engine_loop
-<-  client  <-  app.
+Modules import one way: protocol, text, chat, metrics, wire  <-  prepare  <-  outputs (its `Spec`);
+wire  <-  engine_loop; outputs, engine_loop  <-  client  <-  app.
 """
