@@ -112,6 +112,14 @@ def test_bad_rows_are_refused():
         SamplingRows([1.0, 0.0], [0, 0], [1.0, 1.0], [1, 2], [0])
 
 
+def test_a_seed_outside_int64_is_refused_when_the_request_is_made():
+    """Seeds travel as int64: one of 2**63 would fail the whole step of every request in the batch."""
+    for bad in (2**63, -1, 1.5):
+        with pytest.raises(ValueError, match="seed"):
+            SamplingParams(temperature=1.0, seed=bad)
+    assert SamplingParams(temperature=1.0, seed=2**63 - 1).seed == 2**63 - 1
+
+
 def test_rows_pack_layout():
     """The packed settings are what the op reads: float64 bits of temperature and top_p, then top_k,
     seed and counter, one column per row (no rows: an empty [5, 0])."""
