@@ -170,9 +170,19 @@ def summarize(results: list[Result], duration: float) -> dict:
             "tpot_ms": ms(percentiles(tpot)), "e2e_ms": ms(percentiles([r.end - r.start for r in ok]))}
 
 
+def prompt_key(prompt: list[int]) -> str:
+    """A request's name in per-request records: its prompt's first ids (random prompts rarely share them),
+    so the engine's records of the same request (bench/api_cost.py) can be joined with the client's."""
+    return ",".join(map(str, prompt[:8]))
+
+
 async def run_point(url: str, model: str | None, items, *, concurrency: int | None, rate: float | None,
-                    seed: int, api_key: str | None = None, path: str = "/v1/completions") -> dict:
-    """One sweep point: closed loop at `concurrency`, or Poisson arrivals at `rate` (req/s) capped by it."""
+                    seed: int, api_key: str | None = None, path: str = "/v1/completions",
+                    records: list | None = None) -> dict:
+    """One sweep point: closed loop at `concurrency`, or Poisson arrivals at `rate` (req/s) capped by it.
+    The summary's `client_cpu_s` is this process's CPU time over the point (the load generator shares
+    the host's cores with the server); `records`, when given, gets one dict per request (times in
+    `time.perf_counter`, the system-wide monotonic clock on Linux)."""
     sem = asyncio.Semaphore(concurrency or len(items))
     rng = random.Random(seed)
 
@@ -184,14 +194,19 @@ async def run_point(url: str, model: str | None, items, *, concurrency: int | No
                 body["model"] = model
             return await request(url, path, body, api_key)
 
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     tasks = []
     for prompt, out_len in items:
         tasks.append(asyncio.ensure_future(one(prompt, out_len)))
         if rate:
             await asyncio.sleep(rng.expovariate(rate))
     results = await asyncio.gather(*tasks)
-    return summarize(results, time.perf_counter() - t0)
+    res = summarize(results, time.perf_counter() - t0)
+    res["client_cpu_s"] = time.process_time() - cpu0
+    if records is not None:
+        records += [{"key": prompt_key(p), "start": r.start, "first": None if r.ttft is None else r.start + r.ttft,
+                     "end": r.end, "tokens": r.output_tokens, "ok": r.ok} for (p, _), r in zip(items, results)]
+    return res
 
 
 def _emit(args, rec: dict) -> dict:
@@ -235,9 +250,13 @@ def sweep(args) -> list[dict]:
             if args.warmup_prompts:
                 asyncio.run(run_point(args.url, args.model, items[:args.warmup_prompts], concurrency=conc or 1,
                                       rate=None, seed=args.seed, api_key=args.api_key))
+            records = [] if args.requests_out else None
             res = asyncio.run(run_point(args.url, args.model, items, concurrency=conc, rate=rate, seed=args.seed,
-                                        api_key=args.api_key))
+                                        api_key=args.api_key, records=records))
             out.append(_emit(args, _point(args, kind, conc, rate, rep, len(items), res)))
+            if records:
+                with open(args.requests_out, "a") as f:
+                    f.writelines(json.dumps({"point": len(out) - 1, **r}) + "\n" for r in records)
     return out
 
 
@@ -302,6 +321,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="first send this many sequential requests (TTFT of each: the first vs the last)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
+    p.add_argument("--requests-out", default=None,
+                   help="append one JSON line per request (its prompt's key, start, first token, end) to this file")
 
 
 def _random_llm(a):
