@@ -3,7 +3,7 @@ bandwidth roofline measured in the same run, and Hugging Face transformers on th
 
     python -m g4rt.bench.engine --config 31b --out DIR [--batches 1,8] [--new-tokens 64]
                                  [--runtime-checks] [--long-context 262144] [--profile] [--matmuls]
-                                 [--decode-steps 1,64,128,256] [--ttft 2048,8192] [--sampler]
+                                 [--decode-steps 1,64,128,256] [--ttft 2048,8192] [--sampler] [--staggered]
 
 One process builds the model once (random bf16 weights drawn on the GPU) and runs, in order:
 ceilings (copy bandwidth), eager engine, inductor engine (torch.compile + CUDA-graph decode),
@@ -41,7 +41,7 @@ from g4rt.models.layout import PageGeometry
 from g4rt.models.paged import PagedStep
 from g4rt.plugins.buckets import pow2_bucket
 from g4rt.runtime.admission import promise_for
-from g4rt.runtime.engines.inductor import ArenaStep, InductorEngine
+from g4rt.runtime.engines.inductor import PIECEWISE_TOKENS, ArenaStep, InductorEngine
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
@@ -253,6 +253,25 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]
     return records
 
 
+STAGGERED_LENS = (300, 40, 700, 17, 129, 1000)
+
+
+@torch.inference_mode()
+def staggered_tokens(llm, model, seed: int, new_tokens: int = 16) -> list[list[int]]:
+    """Greedy tokens of prompts of mixed lengths that arrive one per step while the earlier ones decode:
+    steps that mix prefill chunks with decodes (the inductor engine's piecewise graphs)."""
+    g = torch.Generator().manual_seed(seed)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=g).tolist() for n in STAGGERED_LENS]
+    params = SamplingParams(max_new_tokens=new_tokens, ignore_eos=True)
+    ids, outs = [], {}
+    while prompts or llm.has_unfinished():
+        if prompts:
+            ids.append(llm.add_request(prompts.pop(0), params))
+        for o in llm.step():
+            outs[o.request_id] = o.token_ids
+    return [outs[i] for i in ids]
+
+
 def _graph_of(engine, batch: int):
     """(key, graph) of the widest decode graph captured for `batch`'s bucket, or (None, None)."""
     keys = [k for k in engine._graphs if k[0] == pow2_bucket(batch)]
@@ -399,7 +418,7 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     frames = max([sum(promise_for(geometry, step_prompt, new_tokens, step_prompt).frames for _ in range(b)) for b in steps]
                  + [promise_for(geometry, n, 1, max(chunks)).frames for n in prompts]) + 16
     mode = None if a.compile_mode == "none" else a.compile_mode
-    engine = InductorEngine(model, geometry, frames, mode, a.compile_scope)
+    engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise_tokens)
     engine.plan_batches(max(steps + [1]))
     ok = True
     stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
@@ -434,7 +453,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode; 'none' captures eager steps")
     ap.add_argument("--compile-scope", default="layers", choices=["layers", "step"])
     ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
+    ap.add_argument("--piecewise-tokens", type=int, default=PIECEWISE_TOKENS,
+                    help="the inductor engine replays other steps of up to this many tokens as piecewise graphs "
+                         "(0: none, they run the compiled module)")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--staggered", action="store_true",
+                    help="also compare the engines' greedy tokens on requests arriving one per step (mixed steps)")
     ap.add_argument("--matmuls", action="store_true",
                     help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
     ap.add_argument("--profile", action="store_true",
@@ -476,11 +500,13 @@ def main(argv=None) -> int:
     geometry = PageGeometry.build(model.layout)
     cfg = SchedulerConfig.for_device("cuda", max_num_seqs=max(batches, default=1))
     frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, cfg.chunk).frames for _ in range(cfg.max_num_seqs)) + 8
+    if a.staggered:
+        frames += sum(promise_for(geometry, n, 16, cfg.chunk).frames for n in STAGGERED_LENS)
     mode = None if a.compile_mode == "none" else a.compile_mode
     makers = {
         "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),
-        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope), frames, cfg,
-                                eos_ids=model.config.eos_token_ids),
+        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise_tokens),
+                                frames, cfg, eos_ids=model.config.eos_token_ids),
     }
     makers = {k: v for k, v in makers.items() if k in a.engines.split(",")}
     ok, results = True, {}
@@ -511,6 +537,22 @@ def main(argv=None) -> int:
             llm = None
             gc.collect()
             torch.cuda.empty_cache()
+    staggered = {}
+    for name, make in makers.items() if a.staggered else ():
+        try:
+            t = time.perf_counter()
+            staggered[name] = staggered_tokens(make(), model, a.seed)
+            eager = staggered.get("eager")
+            log({"stage": "staggered", "engine": name, "stage_s": round(time.perf_counter() - t, 1),
+                 "tokens_equal_eager": None if eager is None else staggered[name] == eager,
+                 "first_difference_at": first_differences(staggered[name], eager or [])})
+            ok &= eager is None or staggered[name] == eager
+        except Exception as e:
+            ok = False
+            log({"stage": "staggered", "engine": name, "error": f"{type(e).__name__}: {e}",
+                 "trace": traceback.format_exc()[-3000:]})
+        gc.collect()
+        torch.cuda.empty_cache()
     ok &= throughput(a, model, log, ceil, t_start)
     if a.runtime_checks or a.long_context:
         try:

@@ -36,8 +36,11 @@ class PagedStep(nn.Module):
         self.geometry = geometry
         self.functional = functional
 
-    def forward(self, arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
-                full_table, full_slots, logits_rows):
+    def attention_over(self, arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots, full_table,
+                       full_slots):
+        """The model's `attention(layer, q, k, v)` callback over `arena` for one step's metadata, and the
+        dict whose "arena" is the arena after its writes (a new tensor when functional). The inductor
+        engine's piecewise graphs call it between their captured segments (runtime/engines/piecewise.py)."""
         geo = self.geometry
         full_first = torch.zeros_like(kv_lens)  # the full group always starts at logical page 0
         groups = {True: (sliding_table, sliding_first, sliding_slots, geo.page_tokens["sliding"]),
@@ -55,7 +58,12 @@ class PagedStep(nn.Module):
                     torch.ops.g4rt.kv_write_(state["arena"], k, v, slots, k_off, v_off, page, kernels)
             return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, k_off, v_off,
                                                   page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
+        return attention, state
 
+    def forward(self, arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
+                full_table, full_slots, logits_rows):
+        attention, state = self.attention_over(arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
+                                               full_table, full_slots)
         hidden = self.model(token_ids, positions, attention)
         logits = self.model.logits(hidden.index_select(0, logits_rows.long()))
         return (logits, state["arena"]) if self.functional else logits

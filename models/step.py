@@ -83,6 +83,19 @@ class StepBatch:
         return int(self.kv_lens.shape[0])
 
 
+def padding_batch(seqs: int, sliding_pages: int = 1, full_pages: int = 1, device="cpu") -> StepBatch:
+    """`seqs` dummy sequences of one token each: token 0 at position 0, kv_len 1, slots -1 (it writes
+    nothing), tables 0 (it reads frame 0), logits row = its own row. The CUDA-graph engines pad batches
+    with them and capture over them (runtime/engines/inductor.py, piecewise.py)."""
+    def i32(fill, *shape):
+        return torch.full(shape, fill, dtype=torch.int32, device=device)
+    rows = torch.arange(seqs, dtype=torch.int32, device=device)
+    return StepBatch(token_ids=i32(0, seqs), positions=i32(0, seqs),
+                     cu_q=torch.arange(seqs + 1, dtype=torch.int32, device=device), kv_lens=i32(1, seqs),
+                     sliding_table=i32(0, seqs, sliding_pages), sliding_first=i32(0, seqs), sliding_slots=i32(-1, seqs),
+                     full_table=i32(0, seqs, full_pages), full_slots=i32(-1, seqs), logits_rows=rows)
+
+
 # The step graph's inputs, name -> dims: the arena, then the StepBatch fields in contract order.
 INPUTS: dict[str, tuple[str, ...]] = {"arena": ("frames", "frame_elems"),
                                       **{f.name: f.metadata["dims"] for f in fields(StepBatch)}}

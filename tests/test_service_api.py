@@ -28,7 +28,7 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 from g4rt.runtime.server import Server
 from g4rt.runtime.service.app import Service, ServiceConfig, build_app
-from g4rt.runtime.service.engine_loop import decode_bounds
+from g4rt.runtime.service.engine_loop import graph_bounds
 from g4rt.runtime.service.wire import EngineSpec
 
 CONFIG = SchedulerConfig(max_num_batched_tokens=128, chunk=64, max_num_seqs=16)
@@ -381,10 +381,10 @@ def test_not_ready_until_warm_and_queue_limit(tiny):
         assert len(done) == 2
 
 
-def test_warm_up_bounds_cover_every_decode_batch(tiny):
+def test_warm_up_bounds_cover_every_step(tiny):
     pt = tiny_llm(tiny).engine.geometry.page_tokens  # window 8: a decode step reads at most 2 sliding pages
-    assert decode_bounds(tiny_llm(tiny)) == {"max_seqs": 16, "max_sliding_pages": 2,
-                                             "max_full_pages": 4096 // pt["full"]}
+    assert graph_bounds(tiny_llm(tiny)) == {"max_seqs": 16, "max_sliding_pages": 2,
+                                            "max_full_pages": 4096 // pt["full"], "max_tokens": 128}
 
 
 def test_a_dead_engine_process_fails_in_flight_requests_and_the_service(tiny):

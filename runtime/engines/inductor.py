@@ -9,9 +9,10 @@ settings) plus the compiler caches, so a restart reuses compiled kernels.
 Decode graphs: a decode step has one token per sequence (T == B == R). Its batch is padded on the
 host to the next bucket size B' >= B (and a page-table width bucket) with dummy sequences (one token at
 position 0, slots -1, so it writes nothing and reads frame 0), copied to the graph's static inputs in
-one transfer, and the captured graph is replayed; the logits of the real rows are returned. Other
-steps (prefill) run the compiled module directly. Buckets go up to the largest batch the scheduler
-admits (`plan_batches`, called by the runtime with its max_num_seqs).
+one transfer, and the captured graph is replayed; the logits of the real rows are returned. Buckets go
+up to the largest batch the scheduler admits (`plan_batches`, called by the runtime with its
+max_num_seqs). Other steps (prefill chunks, mixed steps) of up to `piecewise_tokens` tokens replay
+piecewise graphs per token bucket (piecewise.py); larger ones run the compiled module directly.
 
 The runtime schedules a step while the previous one is still on the device (runtime/llm.py), so the
 host side of a step must not wait for the device: each bucket has two pinned host buffers used in
@@ -34,12 +35,14 @@ import torch
 from g4rt.models import manifest as mf
 from g4rt.models.checkpoint import load_model
 from g4rt.models.paged import PagedStep
-from g4rt.models.step import StepBatch, input_shape
+from g4rt.models.step import StepBatch, input_shape, padding_batch
 from g4rt.plugins.buckets import pow2_bucket
 
 from ..arena import Arena
+from .piecewise import PiecewiseGraphs, token_buckets
 
 MAX_BATCH = 256  # decode graphs are captured up to this many sequences unless the runtime plans more
+PIECEWISE_TOKENS = 2048  # prefill and mixed steps of up to this many tokens replay segment graphs
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -60,14 +63,8 @@ class DecodeInputs:
         self.flat = torch.empty(sum(self._sizes), dtype=torch.int32, device=device, pin_memory=pin)
         self.views = self._views(self.flat)
         self.fields = dict(zip(shapes, self.views))
-        # Every row a dummy one, built once: `fill` copies it in one op, then writes the real rows over it.
-        self._padding = torch.zeros(sum(self._sizes), dtype=torch.int32)
-        pad = dict(zip(shapes, self._views(self._padding)))
-        pad["kv_lens"].fill_(1)
-        pad["sliding_slots"].fill_(-1)
-        pad["full_slots"].fill_(-1)
-        pad["cu_q"].copy_(torch.arange(b + 1))  # row i starts at token i: one token per row
-        pad["logits_rows"].copy_(torch.arange(b))
+        # Every row a dummy one (padding_batch), built once: `fill` copies it in one op, then the real rows.
+        self._padding = torch.cat([t.reshape(-1) for t in padding_batch(b, ms, mf_).tensors()])
 
     def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
         return [v.view(shape) for v, shape in zip(flat.split(self._sizes), self._shapes)]
@@ -130,7 +127,7 @@ class InductorEngine:
     """
 
     def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default",
-                 compile_scope: str = "layers"):
+                 compile_scope: str = "layers", piecewise_tokens: int = PIECEWISE_TOKENS):
         if compile_scope not in ("layers", "step"):
             raise ValueError(f"compile_scope must be 'layers' or 'step', got {compile_scope!r}")
         self.geometry = geometry
@@ -156,6 +153,11 @@ class InductorEngine:
         self._turn = 0  # which of a bucket's two host buffers the next decode step fills
         self._rows = 0  # rows the logits buffer gets at the first capture: the widest bucket planned
         self.plan_batches(MAX_BATCH)
+        # Other steps of up to `piecewise_tokens` tokens replay segment graphs (piecewise.py); not with
+        # the "step" scope, whose one compiled graph has the attention calls inside it.
+        self.piecewise = (PiecewiseGraphs(self.module.paged, self.arena.tensor, piecewise_tokens)
+                          if piecewise_tokens and self.device.type == "cuda" and not (compile_mode and not per_layer)
+                          else None)
 
     takes_feed = True
 
@@ -168,9 +170,10 @@ class InductorEngine:
         self.buckets = buckets
         self._rows = max(self._rows, buckets[-1])
 
-    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int) -> int:
-        """Capture every decode graph a scheduler within these bounds can ask for, so that no request
-        waits for a capture (`g4rt serve` calls this before it reports ready); returns how many.
+    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int, max_tokens: int = 0) -> int:
+        """Capture every graph a scheduler within these bounds can ask for, so that no request waits for
+        a capture (`g4rt serve` calls this before it reports ready): the decode graphs and, for steps of
+        up to `max_tokens` tokens, the piecewise token buckets; returns how many buckets.
 
         A batch's sliding-table width comes from some request whose full table is at most the batch's
         full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur."""
@@ -184,7 +187,13 @@ class InductorEngine:
                 for s in upto(min(max_sliding_pages, -(-f * pt_f // pt_s)))]
         for key in keys:
             self._graph_for(key)
-        return len(keys)
+        tokens = ()
+        if self.piecewise is not None and max_tokens:
+            self.piecewise.reserve(max_seqs, max_sliding_pages, max_full_pages)
+            tokens = token_buckets(min(max_tokens, self.piecewise.max_tokens))
+            for t in tokens:
+                self._pool = self.piecewise.capture(t, self._pool)
+        return len(keys) + len(tokens)
 
     @classmethod
     def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda",
@@ -251,6 +260,9 @@ class InductorEngine:
         decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
         if decode and batch.num_seqs <= self.buckets[-1] and self.device.type == "cuda":
             return self._decode(batch, feed)
+        if self.piecewise is not None and self.piecewise.covers(batch):
+            self._pool = self.piecewise.capture(batch.num_tokens, self._pool)  # captured on first use
+            return self.piecewise.step(batch, feed)
         batch = batch.to(self.device)  # not waiting for the step in flight
         if feed is not None:
             feed.apply(batch.token_ids)

@@ -26,8 +26,9 @@ from .wire import Add, EngineSpec
 log = logging.getLogger("g4rt.serve")
 
 
-def decode_bounds(llm: LLM) -> dict:
-    """The largest decode batch and page-table widths this scheduler can produce (warm-up covers them)."""
+def graph_bounds(llm: LLM) -> dict:
+    """The largest decode batch, page-table widths and step token count this scheduler can produce
+    (the engine's warm-up captures every graph within them)."""
     sched = llm.scheduler
     geo = sched.geometry
     max_len = llm.scheduler.max_model_len
@@ -35,22 +36,22 @@ def decode_bounds(llm: LLM) -> dict:
     window = geo.layout.sliding.window
     sliding = min(-(-max_len // pt_s), -(-(window - 1) // pt_s) + 1)
     return {"max_seqs": sched.config.max_num_seqs, "max_sliding_pages": sliding,
-            "max_full_pages": -(-max_len // pt_f)}
+            "max_full_pages": -(-max_len // pt_f), "max_tokens": sched.config.max_num_batched_tokens}
 
 
 def warm_up(llm: LLM) -> float:
-    """Everything a first request would otherwise pay for: the engine's own warm-up (every decode graph
-    within `decode_bounds`), then prompts through the whole step path, each alone (a single-sequence
-    prefill) and all together (a multi-sequence prefill, mixed steps, decode), greedy and sampled.
-    Their lengths cover sizes compilers commonly specialise on (1, a multiple of 16 and not, a full chunk).
-    Returns the seconds it took.
+    """Everything a first request would otherwise pay for: the engine's own warm-up (every decode and
+    piecewise graph within `graph_bounds`), then prompts through the whole step path, each alone (a
+    single-sequence prefill) and all together (a multi-sequence prefill, mixed steps, decode), greedy and
+    sampled. Their lengths cover sizes compilers commonly specialise on (1, a multiple of 16 and not, a
+    full chunk). Returns the seconds it took.
 
     On the H200 (runtime/results/README.md, the `g4rt serve` section) the first request after a warm-up
     of only the batch together still took 2.3 s to its first token against <= 70 ms for the next nine;
     with the single-sequence prefills it took 78.6 ms (the cause was not isolated)."""
     t0 = time.perf_counter()
     if hasattr(llm.engine, "warmup"):
-        llm.engine.warmup(**decode_bounds(llm))
+        llm.engine.warmup(**graph_bounds(llm))
     sched = llm.scheduler
     max_len = llm.scheduler.max_model_len
     vocab = sched.geometry.layout.config.vocab_size

@@ -1,0 +1,166 @@
+"""Prefill and mixed steps as CUDA graphs: the token-wise work captured in segments between the
+attention calls, per token-count bucket; the attention calls run eagerly between the segments.
+
+Why: a step that is not a pure decode (a prefill chunk, or decodes mixed with one) has too many
+shapes (tokens, sequences, table widths, logits rows) to capture whole, and run as plain torch it
+pays the host's cost of every op of every layer: the E2B's 35 layers took ~50 ms of host time for a
+128-token prefill on the H200, so each new request's mixed step stalled every running decode
+(runtime/results/README.md). Everything in the model except the attention call is token-wise (each
+token's row is computed from that row alone, MoE routing included), so that part depends only on the
+number of tokens: padded to a bucket T' >= T (token 0 at position 0 in the padded rows) it can be
+replayed from a graph captured once per bucket. The attention call (K/V write, paged attention) runs
+eagerly on the real T rows with the step's real metadata, reading its q/k/v from static buffers the
+segment before it wrote and writing its output into the static buffer the segment after it reads.
+This is vLLM's piecewise CUDA graph, over the model's own attention callback (models/paged.py).
+
+Per bucket: L + 1 graphs (L attention calls), sharing the engine's graph memory pool; static buffers
+for q, k, v and o sized for the bucket and shared by its layers (a layer's are consumed before the
+next segment runs); tokens and positions as static inputs. A step's inputs go through one pinned
+host buffer (two in turn, as the decode graphs' do, inductor.py) in two host-to-device copies.
+The padded rows compute garbage that nothing reads: their attention output is whatever a previous
+step left in the o buffer (finite), and the logits are taken at the real rows only.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from g4rt.models.step import StepBatch, input_shape, padding_batch
+from g4rt.plugins.buckets import pow2_bucket
+
+MIN_TOKENS = 16  # the smallest token bucket: steps of fewer tokens pad to it
+
+META = StepBatch.names()[2:]  # the fields after token_ids and positions: the attention's and the rows
+
+
+def token_buckets(max_tokens: int) -> tuple[int, ...]:
+    """The token buckets up to the bucket of `max_tokens`: MIN_TOKENS, 2 MIN_TOKENS, ..."""
+    top = pow2_bucket(max(max_tokens, MIN_TOKENS))
+    return tuple(MIN_TOKENS << i for i in range((top // MIN_TOKENS).bit_length()))
+
+
+class Staging:
+    """One step's int32 inputs in a pinned host buffer: token ids and positions padded to the bucket,
+    then the other fields packed. `stage` fills it and returns the metadata as device views."""
+
+    def __init__(self, device):
+        self.device = device
+        self._host: list[torch.Tensor] = []
+        self._meta = torch.empty(0, dtype=torch.int32, device=device)
+        self._turn = 0
+
+    def reserve(self, tokens: int, meta: int) -> None:
+        """Room for `tokens` padded tokens and `meta` packed metadata elements (grows, never shrinks)."""
+        if not self._host or self._host[0].numel() < 2 * tokens + meta:
+            pin = self.device.type == "cuda"
+            self._host = [torch.empty(2 * tokens + meta, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
+        if self._meta.numel() < meta:
+            self._meta = torch.empty(meta, dtype=torch.int32, device=self.device)
+
+    def stage(self, batch: StepBatch, tokpos: torch.Tensor) -> list[torch.Tensor]:
+        """Copy `batch`'s token ids and positions into `tokpos` (device, [2, T'], padded with zeros) and
+        its other fields into the metadata buffer; return those as device views, in contract order."""
+        tp, t = tokpos.shape[1], batch.num_tokens
+        fields = [getattr(batch, name) for name in META]
+        sizes = [f.numel() for f in fields]
+        self.reserve(tp, sum(sizes))
+        host = self._host[self._turn]
+        self._turn ^= 1
+        head = host[: 2 * tp].view(2, tp)
+        head[:, t:].zero_()
+        head[0, :t] = batch.token_ids
+        head[1, :t] = batch.positions
+        torch.cat([f.reshape(-1) for f in fields], out=host[2 * tp: 2 * tp + sum(sizes)])
+        tokpos.copy_(head, non_blocking=True)
+        meta = self._meta[: sum(sizes)]
+        meta.copy_(host[2 * tp: 2 * tp + sum(sizes)], non_blocking=True)
+        return [v.view(f.shape) for v, f in zip(meta.split(sizes), fields)]
+
+
+class _Bucket:
+    """A token bucket's captured segments and the static tensors they read and write."""
+
+    def __init__(self, tokens: int, segments: list, layers: list, tokpos: torch.Tensor, hidden: torch.Tensor):
+        self.tokens, self.segments, self.layers, self.tokpos, self.hidden = tokens, segments, layers, tokpos, hidden
+
+
+class PiecewiseGraphs:
+    """Steps of up to `max_tokens` tokens replayed as segment graphs over `paged` (a PagedStep whose
+    model runs its layers in pieces: eager or the inductor engine's compiled pieces) and `arena`."""
+
+    def __init__(self, paged, arena: torch.Tensor, max_tokens: int):
+        self.paged, self.arena, self.device = paged, arena, arena.device
+        self.max_tokens = pow2_bucket(max(max_tokens, MIN_TOKENS))
+        cfg = paged.model.config
+        # per token, the most elements any layer's q (and so k, v, o: kv heads <= q heads) holds
+        self._row = cfg.num_attention_heads * max(cfg.head_dim, cfg.global_head_dim)
+        self._buckets: dict[int, _Bucket] = {}
+        self.staging = Staging(self.device)
+
+    def covers(self, batch: StepBatch) -> bool:
+        return batch.num_tokens <= self.max_tokens
+
+    def capture(self, tokens: int, pool):
+        """Capture the bucket of `tokens` tokens (once); returns the graph memory pool to share."""
+        tp = max(MIN_TOKENS, pow2_bucket(tokens))
+        if tp in self._buckets:
+            return pool
+        dummy = padding_batch(tp, device=self.device).tensors()  # the capture's metadata
+        model, dtype = self.paged.model, self.paged.model.dtype
+        bufs = {r: torch.zeros(tp * self._row, dtype=dtype, device=self.device) for r in "qkvo"}
+        tokpos = torch.zeros(2, tp, dtype=torch.int32, device=self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            for _ in range(2):  # compile the pieces for this shape and warm up outside capture
+                self.paged(self.arena, *dummy)
+            attend, _ = self.paged.attention_over(self.arena, *dummy[2:-1])
+            segments, layers = [], []
+            graph = torch.cuda.CUDAGraph()
+            graph.capture_begin(pool=pool)
+
+            def static(role: str, x: torch.Tensor | None) -> torch.Tensor | None:
+                if x is None:
+                    return None
+                view = bufs[role][: x.numel()].view(x.shape)
+                view.copy_(x)
+                return view
+
+            def attention(layer, q, k, v):
+                nonlocal graph
+                q, k, v = static("q", q), static("k", k), static("v", v)  # captured: the segment's outputs
+                graph.capture_end()
+                segments.append(graph)
+                o = static("o", attend(layer, q, k, v))  # eager, between the captures
+                layers.append((layer, q, k, v, o))
+                graph = torch.cuda.CUDAGraph()
+                graph.capture_begin(pool=segments[0].pool())
+                return o
+
+            hidden = model(tokpos[0], tokpos[1], attention)
+            graph.capture_end()
+            segments.append(graph)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        self._buckets[tp] = _Bucket(tp, segments, layers, tokpos, hidden)
+        return segments[0].pool()
+
+    def reserve(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int) -> None:
+        """Room in the staging buffers for the largest step within these bounds."""
+        sizes = {"tokens": self.max_tokens, "seqs": max_seqs, "rows": max_seqs,
+                 "sliding_pages": max_sliding_pages, "full_pages": max_full_pages}
+        self.staging.reserve(self.max_tokens, sum(math.prod(input_shape(n, sizes)) for n in META))
+
+    def step(self, batch: StepBatch, feed=None) -> torch.Tensor:
+        """Logits of `batch` (its bucket captured already, `capture`); `feed` as in engines.Feed."""
+        t = batch.num_tokens
+        b = self._buckets[max(MIN_TOKENS, pow2_bucket(t))]
+        meta = self.staging.stage(batch, b.tokpos)
+        if feed is not None:
+            feed.apply(b.tokpos[0, :t])
+        attend, _ = self.paged.attention_over(self.arena, *meta[:-1])
+        for segment, (layer, q, k, v, o) in zip(b.segments, b.layers):
+            segment.replay()
+            o[:t].copy_(attend(layer, q[:t], None if k is None else k[:t], None if v is None else v[:t]))
+        b.segments[-1].replay()
+        return self.paged.model.logits(b.hidden.index_select(0, meta[-1].long()))
