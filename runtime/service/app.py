@@ -169,11 +169,8 @@ class SSEResponse(Response):
                 self.cancel(self.job.cids())
 
     async def _pump(self, send) -> None:
-        q = self.job.chunks
         while True:
-            parts = [await q.get()]
-            while not q.empty() and parts[-1] is not None:  # coalesce what is ready into one write
-                parts.append(q.get_nowait())
+            parts = await self.job.take()  # all that is ready, in one write
             end = parts[-1] is None
             await send({"type": "http.response.body", "body": b"".join(p for p in parts if p is not None),
                         "more_body": not end})

@@ -5,6 +5,10 @@ the client's reader thread (client.py) hands them to `Outputs.apply`, which turn
 posts one callback per batch to the event loop, which only writes them. A `Job` is one HTTP request
 (n choices x prompts); a `Choice` is one engine request and is touched by the reader thread alone
 once it runs.
+
+That path runs once per step for every running stream, so its per-stream work is kept small: the
+step's detokenizing is one tokenizer call for all streams (text.py), and a streamed chunk is its
+choice's pre-rendered JSON head plus the few fields that change (the same bytes `sse` would write).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ import time
 
 from .metrics import Metrics
 from .prepare import Spec
-from .protocol import APIError, SSE_DONE, new_id, now, sse, usage
+from .protocol import APIError, SSE_DONE, compact, new_id, now, sse, usage
 from .text import IncrementalDetokenizer, StopStrings, Tokenizer
 from .wire import Update
 
@@ -39,6 +43,8 @@ class Choice:
         self.last_time: float | None = None
         self.cid: int | None = None  # the id the engine process knows it by (set when the job is submitted)
         self.last_sent = False  # a streamed chunk went out (chat: the first one carries the role)
+        # a streamed chunk's bytes up to its first varying field (`Outputs._chunk`)
+        self.head = job.head + b'{"index":%d,' % index if spec.stream else b""
 
     @property
     def done(self) -> bool:
@@ -51,16 +57,36 @@ class Job:
     def __init__(self, spec: Spec, model: str, loop: asyncio.AbstractEventLoop, tok: Tokenizer | None):
         self.spec, self.model, self.loop = spec, model, loop
         self.id = new_id("cmpl" if spec.kind == "completion" else "chatcmpl")
+        self.object = "chat.completion.chunk" if spec.kind == "chat" else "text_completion"
         self.created = now()
         self.arrival = time.perf_counter()
+        # every streamed chunk of this job starts so: {"id":...,"object":...,"created":...,"model":...,"choices":[
+        self.head = b"data: " + compact({"id": self.id, "object": self.object, "created": self.created,
+                                         "model": model})[:-1] + b',"choices":['
         self.choices = [Choice(self, i, p, tok) for i, (p, _) in enumerate(spec.choices)]
+        self.open = len(self.choices)  # choices not done
         self.accepted: asyncio.Future = loop.create_future()
-        self.chunks: asyncio.Queue = asyncio.Queue()  # bytes, then None at the end of the stream
         self.result: asyncio.Future = loop.create_future()  # (status, body bytes) when not streaming
         self.finished = False
+        self._pending: list = []  # stream bytes not yet taken, then None at the end (event loop only)
+        self._wake: asyncio.Future | None = None
 
     def cids(self) -> list[int]:
         return [c.cid for c in self.choices if c.cid is not None]
+
+    def push(self, payload: bytes | None) -> None:
+        """On the event loop: queue stream bytes (None: the end) for `take`."""
+        self._pending.append(payload)
+        if self._wake is not None and not self._wake.done():
+            self._wake.set_result(None)
+
+    async def take(self) -> list:
+        """On the event loop: everything pushed since the last take (waiting for at least one)."""
+        while not self._pending:
+            self._wake = self.loop.create_future()
+            await self._wake
+        out, self._pending = self._pending, []
+        return out
 
 
 def _set(fut: asyncio.Future, value=None, error: BaseException | None = None) -> None:
@@ -81,9 +107,14 @@ class Outputs:
         for job, err in accepted:
             posts.setdefault(job.loop, []).append((job, "accepted", err))
         try:
-            for c, u in updates:
-                for item in self._apply(c, u):
-                    posts.setdefault(c.job.loop, []).append(item)
+            tokens = 0
+            for (c, u), texts in zip(updates, self._decode(updates)):
+                tokens += len(u.token_ids)
+                items = self._apply(c, u, texts)
+                if items:
+                    posts.setdefault(c.job.loop, []).extend(items)
+            if tokens:
+                self.metrics.generation_tokens.inc(tokens)
         except Exception:  # a formatting bug must not take the service down: fail that batch's jobs
             log.exception("formatting a step's output failed")
             for c, _ in updates:
@@ -99,30 +130,49 @@ class Outputs:
             posts[job.loop] += self._fail(job, err)
         _post(posts)
 
+    # ---- one step's detokenizing ----------------------------------------------------------------
+    def _decode(self, updates: list[tuple[Choice, Update]]) -> list:
+        """Per update, the decoded window its choice's detokenizer asked for (text.py), or None: all of
+        the step's windows in one tokenizer call per skip_special_tokens setting."""
+        slots, groups = [], {}
+        for c, u in updates:
+            ids = None
+            if c.detok is not None and not (c.done or c.job.finished):
+                ids = c.detok.window(self._visible(c, u), u.finish_reason is not None)
+            if ids is None:
+                slots.append(None)
+                continue
+            group = groups.setdefault(c.detok.skip, [])
+            slots.append((c.detok.skip, len(group)))
+            group += ids
+        texts = {skip: self.tok.decode_many(ids, skip) for skip, ids in groups.items()}
+        return [None if s is None else texts[s[0]][s[1]:s[1] + 2] for s in slots]
+
+    @staticmethod
+    def _visible(c: Choice, u: Update) -> list[int]:
+        """The update's tokens that show as text (a stop token does not, unless asked)."""
+        return u.token_ids[:-1] if u.finish_reason == "stop" and not c.job.spec.include_stop else u.token_ids
+
     # ---- one update ----------------------------------------------------------------------------
-    def _apply(self, c: Choice, u: Update) -> list:
+    def _apply(self, c: Choice, u: Update, texts: list[str] | None) -> list:
         job, m = c.job, self.metrics
         if c.done or job.finished:
             return []
         t = time.perf_counter()
         if u.queue_s is not None:
             m.queue.observe(u.queue_s)
-        ids = list(u.token_ids)
+        ids = u.token_ids
         if ids:
-            m.generation_tokens.inc(len(ids))
             if c.last_time is None:
                 m.ttft.observe(t - job.arrival)
             else:
                 m.itl.observe(t - c.last_time)
             c.last_time = t
         c.token_ids += ids
-        visible = ids[:-1] if u.finish_reason == "stop" and not job.spec.include_stop else ids
         final = u.finish_reason is not None
         piece = ""
         if c.detok is not None:
-            piece = c.detok.push(visible) if visible else ""
-            if final:
-                piece += c.detok.flush()
+            piece = c.detok.advance(texts, final) if texts is not None else ""
             piece = c.stops.feed(piece, final=final)
         lps = self._logprobs(c, ids, u.logprobs)
         reason = u.finish_reason
@@ -133,13 +183,14 @@ class Outputs:
         if reason is not None:
             c.finish_reason = {"cancelled": "abort"}.get(reason, reason)
             c.error = u.error
+            job.open -= 1
             m.finished.labels(c.finish_reason).inc()
             m.e2e.observe(t - job.arrival)
         c.text.append(piece)
         c.text_len += len(piece)
         if job.spec.stream:
             return self._stream_items(c, piece, ids, lps) if ids or c.done else []
-        if all(ch.done for ch in job.choices):
+        if not job.open:
             return [self._response(job)]
         return []
 
@@ -168,36 +219,51 @@ class Outputs:
         return {"tokens": [e[0] for e in entries], "token_logprobs": [e[1] for e in entries],
                 "top_logprobs": [e[2] for e in entries], "text_offset": [e[3] for e in entries]}
 
-    def _choice_body(self, c: Choice, text: str, ids: list[int], lps: list, stream: bool) -> dict:
+    def _logprobs_value(self, spec: Spec, lps: list):
+        if spec.logprobs is None:
+            return None
+        return {"content": lps} if spec.kind == "chat" else self._completion_logprobs(lps)
+
+    def _choice_body(self, c: Choice, text: str, ids: list[int], lps: list) -> dict:
+        """A response's choice (not streamed: streamed chunks are `_chunk`)."""
         spec = c.job.spec
-        logprobs = None
-        if spec.logprobs is not None:
-            logprobs = {"content": lps} if spec.kind == "chat" else self._completion_logprobs(lps)
+        logprobs = self._logprobs_value(spec, lps)
         if spec.kind == "chat":
-            body = {"index": c.index, ("delta" if stream else "message"):
-                    {"role": "assistant", "content": text} if not stream or not c.last_sent else {"content": text},
-                    "logprobs": logprobs, "finish_reason": c.finish_reason}
+            body = {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                    "finish_reason": c.finish_reason}
         else:
             body = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
         if spec.return_token_ids:
             body["token_ids"] = ids
         return body
 
+    def _chunk(self, c: Choice, text: str, ids: list[int], lps: list) -> bytes:
+        """One streamed chunk: the bytes of `sse({"id", "object", "created", "model", "choices": [{"index",
+        "text" | "delta" (with the role on a chat choice's first), "logprobs", "finish_reason",
+        "token_ids" when asked}]})`, from the choice's pre-rendered head."""
+        spec = c.job.spec
+        if spec.kind == "chat":
+            field = b'"delta":{"content":' if c.last_sent else b'"delta":{"role":"assistant","content":'
+            body = field + compact(text) + b"}"
+        else:
+            body = b'"text":' + compact(text)
+        logprobs = b"null" if spec.logprobs is None else compact(self._logprobs_value(spec, lps))
+        reason = b"null" if c.finish_reason is None else compact(c.finish_reason)
+        token_ids = b',"token_ids":[' + ",".join(map(str, ids)).encode() + b"]" if spec.return_token_ids else b""
+        return c.head + body + b',"logprobs":' + logprobs + b',"finish_reason":' + reason + token_ids + b"}]}\n\n"
+
     def _stream_items(self, c: Choice, piece: str, ids: list[int], lps: list) -> list:
         job = c.job
         if c.error:
             return self._fail(job, APIError(500, f"engine error: {c.error}"))
-        items = []
-        obj = "chat.completion.chunk" if job.spec.kind == "chat" else "text_completion"
         if not c.last_sent and job.spec.echo:
             piece = (job.spec.prompt_texts[c.prompt_index] or "") + piece
-        items.append((job, "chunk", sse({"id": job.id, "object": obj, "created": job.created, "model": job.model,
-                                         "choices": [self._choice_body(c, piece, ids, lps, True)]})))
+        items = [(job, "chunk", self._chunk(c, piece, ids, lps))]
         c.last_sent = True
-        if all(ch.done for ch in job.choices):
+        if not job.open:
             job.finished = True
             if job.spec.include_usage:
-                items.append((job, "chunk", sse({"id": job.id, "object": obj, "created": job.created,
+                items.append((job, "chunk", sse({"id": job.id, "object": job.object, "created": job.created,
                                                  "model": job.model, "choices": [], "usage": self._usage(job)})))
             items += [(job, "chunk", SSE_DONE), (job, "chunk", None)]
         return items
@@ -215,7 +281,7 @@ class Outputs:
             text = "".join(c.text)
             if job.spec.echo:
                 text = (job.spec.prompt_texts[c.prompt_index] or "") + text
-            choices.append(self._choice_body(c, text, c.token_ids, c.lp_entries, False))
+            choices.append(self._choice_body(c, text, c.token_ids, c.lp_entries))
         body = {"id": job.id, "object": "chat.completion" if job.spec.kind == "chat" else "text_completion",
                 "created": job.created, "model": job.model, "choices": choices, "usage": self._usage(job)}
         if job.spec.return_token_ids:
@@ -242,7 +308,7 @@ def _deliver(items: list) -> None:
     """On the event loop: hand each job its admission, its chunks or its result."""
     for job, kind, payload in items:
         if kind == "chunk":
-            job.chunks.put_nowait(payload)
+            job.push(payload)
         elif kind == "accepted":
             _set(job.accepted, True, payload)
         else:

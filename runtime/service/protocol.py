@@ -240,8 +240,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
             "total_tokens": prompt_tokens + completion_tokens}
 
 
+def compact(obj) -> bytes:
+    """JSON as the stream writes it: no spaces, UTF-8 (not \\u escapes)."""
+    return json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode()
+
+
 def sse(obj) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":"), ensure_ascii=False).encode() + b"\n\n"
+    return b"data: " + compact(obj) + b"\n\n"
 
 
 SSE_DONE = b"data: [DONE]\n\n"

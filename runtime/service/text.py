@@ -37,6 +37,10 @@ class Tokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.tok.decode_batch([ids], skip_special_tokens=skip_special_tokens)[0]
 
+    def decode_many(self, id_lists: list[list[int]], skip_special_tokens: bool = True) -> list[str]:
+        """One call for many decodes: a step's streams share it (a call costs more than a short decode)."""
+        return self.tok.decode_batch(id_lists, skip_special_tokens=skip_special_tokens)
+
     def token_strings(self, ids: list[int]) -> list[str]:
         """Each token decoded alone (logprobs name tokens this way; a partial character shows as U+FFFD)."""
         return self.tok.decode_batch([[i] for i in ids], skip_special_tokens=False)
@@ -48,6 +52,10 @@ class IncrementalDetokenizer:
     It decodes a short window of tokens twice, without and with the new ones, and emits the
     difference once it no longer ends in U+FFFD (an incomplete UTF-8 sequence); byte-level and
     SentencePiece tokenizers alike then stream exactly the text a one-shot decode gives.
+
+    In two halves, so that a step's streams decode in one `Tokenizer.decode_many` call (outputs.py):
+    `window(new_ids, final)` takes the tokens and says what to decode, `advance(texts, final)` takes
+    those decodes and returns the piece. `push` and `flush` do both for one stream.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
@@ -57,24 +65,36 @@ class IncrementalDetokenizer:
         self.prefix = 0
         self.read = len(self.ids)
 
-    def _window(self) -> list[str]:
-        """The window's text without and with the tokens not yet handed out."""
-        return self.tok.tok.decode_batch([self.ids[self.prefix:self.read], self.ids[self.prefix:]],
-                                         skip_special_tokens=self.skip)
-
-    def push(self, new_ids: list[int]) -> str:
+    def window(self, new_ids: list[int], final: bool = False) -> list[list[int]] | None:
+        """Append `new_ids`; the window's ids without and with the tokens not yet handed out, to decode
+        and pass to `advance`, or None when no text can come out (no new ids, not final)."""
         self.ids += new_ids
-        before, after = self._window()
+        if not new_ids and not final:
+            return None
+        return [self.ids[self.prefix:self.read], self.ids[self.prefix:]]
+
+    def advance(self, texts: list[str], final: bool = False) -> str:
+        """The piece that `window`'s decodes `texts` give. `final`: the end, where whatever is left comes
+        out (an incomplete character as U+FFFD, as a one-shot decode gives it)."""
+        before, after = texts
+        if final:
+            self.prefix = self.read = len(self.ids)
+            return after[len(before):]
         if len(after) > len(before) and not after.endswith("\ufffd"):
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
         return ""
 
+    def _step(self, new_ids: list[int], final: bool) -> str:
+        ids = self.window(new_ids, final)
+        return "" if ids is None else self.advance(self.tok.decode_many(ids, self.skip), final)
+
+    def push(self, new_ids: list[int]) -> str:
+        return self._step(new_ids, False)
+
     def flush(self) -> str:
-        """What is left at the end (an incomplete character decodes as U+FFFD, as a one-shot decode does)."""
-        before, after = self._window()
-        self.prefix = self.read = len(self.ids)
-        return after[len(before):]
+        """What is left at the end."""
+        return self._step([], True)
 
 
 @dataclass

@@ -1,0 +1,92 @@
+"""The reader thread's formatting alone (outputs.py, no server): streamed chunks, rendered from a
+pre-built head with one batched detokenize per step, say exactly what the answer without streaming
+says, in canonical JSON."""
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+import pytest
+
+from g4rt.models.tiny import ensure_tiny
+from g4rt.runtime.service import prepare
+from g4rt.runtime.service.chat import ChatTemplate
+from g4rt.runtime.service.metrics import Metrics
+from g4rt.runtime.service.outputs import Job, Outputs
+from g4rt.runtime.service.protocol import sse
+from g4rt.runtime.service.text import Tokenizer
+from g4rt.runtime.service.wire import Update
+
+
+@pytest.fixture(scope="module")
+def ctx():
+    d = ensure_tiny()
+    return prepare.Context("tiny", 4096, Tokenizer.from_dir(d), ChatTemplate.from_dir(d))
+
+
+def steps(rng, n_choices: int, logprobs: bool) -> list[list[tuple[int, Update]]]:
+    """Random per-step updates of `n_choices` choices of different lengths, ending "length" or "stop"."""
+    lengths = [rng.randint(1, 12) for _ in range(n_choices)]
+    out = []
+    for s in range(max(lengths)):
+        step = []
+        for i, n in enumerate(lengths):
+            if s >= n:
+                continue
+            ids = [rng.randrange(4, 512)]
+            lps = [(-rng.random(), [(rng.randrange(4, 512), -rng.random()) for _ in range(2)])] if logprobs else None
+            step.append((i, Update(i, ids, lps, None if s < n - 1 else rng.choice(["length", "stop"]))))
+        out.append(step)
+    return out
+
+
+def run(ctx, body: dict, updates) -> tuple[Job, list[bytes]]:
+    loop = asyncio.new_event_loop()
+    try:
+        fn = prepare.chat if "messages" in body else prepare.completion
+        job = Job(fn(json.dumps(body).encode(), ctx), "tiny", loop, ctx.tokenizer)
+        out = Outputs(ctx.tokenizer, Metrics(), lambda cids: None)
+        for step in updates:
+            out.apply([(job.choices[i], u) for i, u in step])
+        if body.get("stream"):
+            return job, [p for p in loop.run_until_complete(job.take()) if p is not None]
+        return job, [loop.run_until_complete(job.result)[1]]
+    finally:
+        loop.close()
+
+
+@pytest.mark.parametrize("stops", [True, False])
+@pytest.mark.parametrize("kind", ["completion", "chat"])
+def test_streamed_chunks_say_what_the_unstreamed_answer_says(ctx, kind, stops):
+    rng = random.Random(0 if kind == "chat" else 1)
+    base = {"n": 3, "max_tokens": 16, "return_token_ids": True, "stop": ["ab", "é"] if stops else None}
+    if kind == "chat":
+        base |= {"messages": [{"role": "user", "content": "héllo 日本"}], "logprobs": True, "top_logprobs": 2}
+    else:
+        base |= {"prompt": ["héllo 日本", "x"], "logprobs": 2, "n": 2}
+    for trial in range(20):
+        choices = base["n"] * (2 if kind == "completion" else 1)
+        updates = steps(rng, choices, logprobs=True)
+        _, (whole,) = run(ctx, base, updates)
+        _, chunks = run(ctx, {**base, "stream": True, "stream_options": {"include_usage": True}}, updates)
+        assert chunks[-1] == b"data: [DONE]\n\n"
+        events = [json.loads(c[6:]) for c in chunks[:-1]]
+        assert all(c == sse(e) for c, e in zip(chunks, events)), trial  # canonical: what sse() writes
+        expected = json.loads(whole)
+        assert events[-1]["usage"] == expected["usage"]
+        for ch in expected["choices"]:
+            mine = [c for e in events for c in e["choices"] if c["index"] == ch["index"]]
+            assert all(e["id"] == events[0]["id"] and e["created"] == events[0]["created"] for e in events)
+            text = "".join(c["delta"]["content"] if kind == "chat" else c["text"] for c in mine)
+            assert text == (ch["message"]["content"] if kind == "chat" else ch["text"]), trial
+            if not stops:  # each choice's own tokens, decoded at once (a stop token does not show)
+                shown = ch["token_ids"][:-1] if ch["finish_reason"] == "stop" else ch["token_ids"]
+                assert text == ctx.tokenizer.decode(shown), trial
+            assert sum((c["token_ids"] for c in mine), []) == ch["token_ids"]
+            assert [c["finish_reason"] for c in mine] == [None] * (len(mine) - 1) + [ch["finish_reason"]]
+            if kind == "chat":
+                assert [("role" in c["delta"]) for c in mine] == [True] + [False] * (len(mine) - 1)
+                assert sum((c["logprobs"]["content"] for c in mine), []) == ch["logprobs"]["content"]
+            else:
+                assert sum((c["logprobs"]["tokens"] for c in mine), []) == ch["logprobs"]["tokens"]
