@@ -90,3 +90,11 @@ def test_streamed_chunks_say_what_the_unstreamed_answer_says(ctx, kind, stops):
                 assert sum((c["logprobs"]["content"] for c in mine), []) == ch["logprobs"]["content"]
             else:
                 assert sum((c["logprobs"]["tokens"] for c in mine), []) == ch["logprobs"]["tokens"]
+
+
+def test_only_small_token_id_bodies_are_prepared_on_the_event_loop():
+    ids = json.dumps({"prompt": [5, 6, 7], "max_tokens": 2}).encode()
+    assert prepare.cheap(ids, 1024) and prepare.cheap(b'{"prompt":[[5,6],[7]]}', 1024)
+    assert not prepare.cheap(ids, len(ids) - 1)  # too big: the prepare pool
+    assert not prepare.cheap(json.dumps({"prompt": "5, 6", "max_tokens": 2}).encode(), 1024)  # text to tokenize
+    assert not prepare.cheap(json.dumps({"prompt": ["a"]}).encode(), 1024)

@@ -43,11 +43,15 @@ class ServiceConfig:
     read_timeout_s: float = 30.0
     retry_after_s: int = 1
     prepare_threads: int = 4
+    # completions with token-id prompts in bodies this small are prepared on the event loop (prepare.cheap)
+    inline_prepare_bytes: int = 8192
 
     def __post_init__(self):
         for name in ("max_queue", "max_body_bytes", "prepare_threads"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer, got {getattr(self, name)!r}")
+        if not isinstance(self.inline_prepare_bytes, int) or self.inline_prepare_bytes < 0:
+            raise ValueError(f"inline_prepare_bytes must be an integer >= 0, got {self.inline_prepare_bytes!r}")
         if not self.read_timeout_s > 0:
             raise ValueError(f"read_timeout_s must be positive, got {self.read_timeout_s!r}")
 
@@ -95,7 +99,10 @@ class Service:
                            code="not_ready", headers={"Retry-After": str(self.config.retry_after_s)})
         body = await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
         loop = asyncio.get_running_loop()
-        spec = await loop.run_in_executor(self.pool, prepare_fn, body, self.ctx)
+        if prepare_fn is prepare.completion and prepare.cheap(body, self.config.inline_prepare_bytes):
+            spec = prepare_fn(body, self.ctx)
+        else:
+            spec = await loop.run_in_executor(self.pool, prepare_fn, body, self.ctx)
         if self.engine.num_waiting() + len(spec.choices) > self.config.max_queue:
             raise APIError(429, f"more than {self.config.max_queue} requests are waiting; retry later",
                            code="queue_full", headers={"Retry-After": str(self.config.retry_after_s)})
@@ -139,8 +146,9 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
                                headers={"Connection": "close"})
             chunks.append(chunk)
     try:
-        await asyncio.wait_for(read(), timeout_s)
-    except asyncio.TimeoutError:
+        async with asyncio.timeout(timeout_s):  # no task of its own, unlike wait_for
+            await read()
+    except TimeoutError:
         raise APIError(408, f"body not received within {timeout_s} s", code="read_timeout",
                        headers={"Connection": "close"}) from None
     return b"".join(chunks)

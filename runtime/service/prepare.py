@@ -6,6 +6,7 @@ by max_model_len x the longest token's bytes (and the body limit), not by what a
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from ..sampling import SamplingParams
@@ -40,6 +41,17 @@ class Spec:
     echo: bool = False
     skip_special_tokens: bool = True
     return_token_ids: bool = False
+
+
+_ID_PROMPT = re.compile(rb'"prompt"\s*:\s*\[\s*[\[\d]')
+
+
+def cheap(body: bytes, limit: int) -> bool:
+    """Whether preparing `body` likely costs less than handing it to a worker thread and back (two thread
+    hops, each a wake-up and a GIL hand-over): a body of at most `limit` bytes whose prompt is token ids,
+    so there is nothing to tokenize. A guess from the bytes (the body is not parsed twice); a wrong guess
+    only moves a small request's work to another thread, never changes its result."""
+    return len(body) <= limit and _ID_PROMPT.search(body) is not None
 
 
 def _check_model(ctx: Context, model: str | None) -> None:
