@@ -12,10 +12,12 @@ in a subprocess for each point. Per point it records:
 * CPU seconds of this process per step message, in all and per thread (the event loop, the reader
   thread that formats outputs, the sender, the prepare pool), from /proc; the engine process's and
   the client's CPU beside them (all share the machine's cores);
-* each request's first token split into three legs, joined by prompt (bench.serve.prompt_key) on the
-  system-wide monotonic clock: client start -> the engine's arrival (HTTP, parsing, tokenizing, the
-  pipe), the engine's arrival -> its first token (the engine's own TTFT), and that token -> the client
-  has it (the pipe back, formatting, the event loop, the socket).
+* each request's first token split into five legs, joined by prompt (bench.serve.prompt_key) on the
+  system-wide monotonic clock: client start -> its `Job` exists in the API process (connect, HTTP,
+  parsing, preparing) -> the engine's arrival (the sender thread, the pipe, the engine loop reading
+  commands between steps) -> the engine's first token (the engine's own TTFT) -> its chunk is formatted
+  on the reader thread (the rest of that step, the pipe back, the reader's queue) -> the client has it
+  (the event loop, the socket, the client's own loop).
 
     python -m g4rt.bench.api_cost --step-ms 0,10 --concurrency 64,256 --out cpu_api_step_cost.jsonl
 """
@@ -41,12 +43,14 @@ TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 
 class InstantEngine:
     """The Engine protocol (runtime/engines/__init__.py) at no compute: after sleeping `step_s`, each
-    step's logits are rows of a fixed random table (so greedy tokens vary), and each request's
-    engine-side times are recorded when it is released."""
+    step's logits are rows of a fixed random table (so greedy tokens vary; never the first four ids,
+    the tiny tokenizer's special tokens, which show as no text), and each request's engine-side times
+    are recorded when it is released."""
 
     def __init__(self, geometry, config, step_s: float, seed: int = 0):
         self.geometry, self.config, self.step_s = geometry, config, step_s
         self.table = torch.randn(4096, config.vocab_size, generator=torch.Generator().manual_seed(seed))
+        self.table[:, :4] = float("-inf")
         self.steps = 0
         self.llm = None  # the LLM around it (set by `instant_llm`): release reads the request's times there
         self.records: list[tuple] = []
@@ -67,13 +71,16 @@ class InstantEngine:
 
 
 def instant_llm(step_s: float, max_num_seqs: int, max_model_len: int):
-    """The engine process's LLM: the tiny model's geometry (vocab 512) over an InstantEngine."""
+    """The engine process's LLM: the tiny model's geometry (vocab 512) over an InstantEngine. One torch
+    thread: the CPU sampler's ops are tiny, and a second thread spinning between them takes a core
+    from the API process (a GPU engine's host does not run them)."""
     from g4rt.models.config import load_config
     from g4rt.models.layout import KVLayout, PageGeometry
     from g4rt.models.tiny import TINY_CONFIG
     from g4rt.runtime.llm import LLM
     from g4rt.runtime.scheduler import SchedulerConfig
 
+    torch.set_num_threads(1)
     cfg = load_config(TINY_CONFIG)
     engine = InstantEngine(PageGeometry.build(KVLayout.from_config(cfg), 16), cfg, step_s)
     sched = SchedulerConfig(max_num_batched_tokens=2048, chunk=512, max_num_seqs=max_num_seqs,
@@ -81,6 +88,28 @@ def instant_llm(step_s: float, max_num_seqs: int, max_model_len: int):
     llm = LLM(engine, 16384, sched, eos_ids=cfg.eos_token_ids)
     engine.llm = llm
     return llm
+
+
+class ApiTimes:
+    """The API process's two timestamps per request (module docstring), taken by wrapping
+    `EngineClient.submit` and `Outputs._stream_items` in this process (bench only: the library has no hooks)."""
+
+    def __init__(self):
+        from g4rt.runtime.service.client import EngineClient
+        from g4rt.runtime.service.outputs import Outputs
+        self.jobs: list[tuple[str, float]] = []
+        self.first_chunk: list[tuple[str, float]] = []
+        submit, stream_items = EngineClient.submit, Outputs._stream_items
+
+        def timed_submit(client, job):
+            self.jobs.append((prompt_key(job.spec.prompts[0]), job.arrival))
+            return submit(client, job)
+
+        def timed_stream_items(outputs, c, *args):
+            if not c.last_sent:
+                self.first_chunk.append((prompt_key(c.job.spec.prompts[c.prompt_index]), time.perf_counter()))
+            return stream_items(outputs, c, *args)
+        EngineClient.submit, Outputs._stream_items = timed_submit, timed_stream_items
 
 
 def dump_records(path: str, llm) -> None:
@@ -125,22 +154,27 @@ def _counter(metrics, name: str) -> float:
 
 # ---- one arm: a service with one step time, every concurrency point -------------------------------
 
-def legs(client: list[dict], engine: dict) -> dict:
-    """The first token's three legs in ms (module docstring), over requests found on both sides."""
-    into, eng, out = [], [], []
+LEGS = ("client_to_job_ms", "job_to_engine_ms", "engine_ttft_ms", "engine_to_reader_ms", "reader_to_client_ms")
+
+
+def legs(client: list[dict], api: ApiTimes, engine: list, window: tuple[float, float]) -> dict:
+    """The first token's five legs in ms (module docstring), over the requests of the point that ran in
+    `window` (points share prompts: the same seed) found everywhere."""
+    def within(pairs):
+        return {k: t for k, t in pairs if window[0] <= t <= window[1]}
+    jobs, chunks, eng = within(api.jobs), within(api.first_chunk), {r[0]: r for r in engine if window[0] <= r[1] <= window[1]}
+    rows = []
     for r in client:
-        e = engine.get(r["key"])
-        if e is None or r["first"] is None or e[2] is None:
+        k, e = r["key"], eng.get(r["key"])
+        if e is None or r["first"] is None or e[2] is None or k not in jobs or k not in chunks:
             continue
-        into.append(e[1] - r["start"])
-        eng.append(e[2] - e[1])
-        out.append(r["first"] - e[2])
+        t = (r["start"], jobs[k], e[1], e[2], chunks[k], r["first"])
+        rows.append([b - a for a, b in zip(t, t[1:])])
     ms = lambda xs: {k: None if v is None else round(v * 1e3, 3) for k, v in percentiles(xs).items()}  # noqa: E731
-    return {"joined": len(into), "client_to_engine_ms": ms(into), "engine_ttft_ms": ms(eng),
-            "engine_to_client_ms": ms(out)}
+    return {"joined": len(rows), **{name: ms([r[i] for r in rows]) for i, name in enumerate(LEGS)}}
 
 
-def arm(a, step_ms: float, tmp: str) -> list[dict]:
+def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
     import httpx
 
     from g4rt.runtime.server import Server
@@ -180,7 +214,7 @@ def arm(a, step_ms: float, tmp: str) -> list[dict]:
         threads = {g: c1["threads"].get(g, 0.0) - c0["threads"].get(g, 0.0) for g in c1["threads"]}
         api = c1["api"] - c0["api"]
         points.append({
-            "bench": "api_cost", "step_ms": step_ms, "concurrency": conc, "tokenizer": bool(tok),
+            "bench": "api_cost", "label": a.label, "step_ms": step_ms, "concurrency": conc, "tokenizer": bool(tok),
             "loop": a.loop, "requests": client["completed"] + client["failed"], "failed": client["failed"],
             # CPU is counted over the client's whole run (its start-up too: the service idles then),
             # rates over the point's own duration
@@ -194,13 +228,14 @@ def arm(a, step_ms: float, tmp: str) -> list[dict]:
             "client_cpu_s": round(c1["children"] - c0["children"], 3),
             "client": {k: client[k] for k in ("duration_s", "output_token_throughput", "ttft_ms", "tpot_ms",
                                               "itl_ms", "client_cpu_s")},
-            "_requests": req_path})
+            "_requests": req_path, "_window": (t0, t0 + wall)})
     server.stop()
     with open(eng_path) as f:
-        engine = {r[0]: r for r in json.load(f)}
+        engine = json.load(f)
     for p in points:
         with open(p.pop("_requests")) as f:
-            p.update(legs([r for r in map(json.loads, f) if r["point"] == 0 and r["ok"]], engine))
+            p.update(legs([r for r in map(json.loads, f) if r["point"] == 0 and r["ok"]], times, engine,
+                          p.pop("_window")))
     return points
 
 
@@ -222,13 +257,15 @@ def main(argv=None) -> int:
                         "without it no text is made, as in `python -m g4rt.bench.serve host`")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                    help="asyncio: the server runs without uvloop even where it is installed (an image without it)")
+    p.add_argument("--label", default=None, help="stored in each record (e.g. which code ran)")
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
     a = p.parse_args(argv)
     if a.loop == "asyncio":
         sys.modules["uvloop"] = None  # runtime/server.py falls back to asyncio when uvloop does not import
+    times = ApiTimes()
     with tempfile.TemporaryDirectory(prefix="g4rt-api-cost-") as tmp:
         for step_ms in a.step_ms:
-            for rec in arm(a, step_ms, tmp):
+            for rec in arm(a, step_ms, tmp, times):
                 print(json.dumps(rec), flush=True)
                 if a.out:
                     with open(a.out, "a") as f:
