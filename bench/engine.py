@@ -41,7 +41,7 @@ from g4rt.models.layout import PageGeometry
 from g4rt.models.paged import PagedStep
 from g4rt.plugins.buckets import pow2_bucket
 from g4rt.runtime.admission import promise_for
-from g4rt.runtime.engines.inductor import PIECEWISE_TOKENS, ArenaStep, InductorEngine
+from g4rt.runtime.engines.inductor import ArenaStep, InductorEngine
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
@@ -272,6 +272,38 @@ def staggered_tokens(llm, model, seed: int, new_tokens: int = 16) -> list[list[i
     return [outs[i] for i in ids]
 
 
+class PiecewiseAudit:
+    """Wraps an inductor engine's `step`: every step that runs the piecewise graphs is run again by the
+    compiled module on the same batch over the arena as it was before the step; per step, the logits'
+    largest difference relative to the compiled ones' largest magnitude, whether the greedy choices
+    agree, and whether both wrote the same arena."""
+
+    def __init__(self, engine):
+        self.engine, self.step_fn, self.records = engine, engine.step, []
+        engine.step = self
+
+    def __call__(self, batch, seq_ids=(), feed=None):
+        e = self.engine
+        decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
+        if e.piecewise is None or decode or not e.piecewise.covers(batch):
+            return self.step_fn(batch, seq_ids, feed)
+        before = e.arena.tensor.clone()
+        got = self.step_fn(batch, seq_ids, feed).clone()
+        after = e.arena.tensor.clone()
+        e.arena.tensor.copy_(before)
+        with torch.inference_mode():
+            b = batch.to(e.device)
+            if feed is not None:
+                feed.apply(b.token_ids)
+            want = e.compiled(*b.tensors())
+        self.records.append({"tokens": batch.num_tokens, "seqs": batch.num_seqs,
+                             "rel_diff": float((got - want).abs().max() / want.abs().max()),
+                             "argmax_equal": bool(torch.equal(got.argmax(-1), want.argmax(-1))),
+                             "arena_equal": bool(torch.equal(after, e.arena.tensor))})
+        e.arena.tensor.copy_(after)
+        return got
+
+
 def _graph_of(engine, batch: int):
     """(key, graph) of the widest decode graph captured for `batch`'s bucket, or (None, None)."""
     keys = [k for k in engine._graphs if k[0] == pow2_bucket(batch)]
@@ -418,7 +450,7 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     frames = max([sum(promise_for(geometry, step_prompt, new_tokens, step_prompt).frames for _ in range(b)) for b in steps]
                  + [promise_for(geometry, n, 1, max(chunks)).frames for n in prompts]) + 16
     mode = None if a.compile_mode == "none" else a.compile_mode
-    engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise_tokens)
+    engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise)
     engine.plan_batches(max(steps + [1]))
     ok = True
     stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
@@ -453,10 +485,12 @@ def main(argv=None) -> int:
     ap.add_argument("--compile-mode", default="default", help="torch.compile mode; 'none' captures eager steps")
     ap.add_argument("--compile-scope", default="layers", choices=["layers", "step"])
     ap.add_argument("--engines", default="eager,inductor", help="which of eager,inductor to run")
-    ap.add_argument("--piecewise-tokens", type=int, default=PIECEWISE_TOKENS,
-                    help="the inductor engine replays other steps of up to this many tokens as piecewise graphs "
-                         "(0: none, they run the compiled module)")
+    ap.add_argument("--no-piecewise", dest="piecewise", action="store_false",
+                    help="the inductor engine runs prefill and mixed steps by the compiled module, not as "
+                         "piecewise CUDA graphs")
     ap.add_argument("--skip-hf", action="store_true")
+    ap.add_argument("--init", default="default", choices=["default", "deep"],
+                    help="random weights: the default init, or the non-chaotic one (DESIGN.md, two inits)")
     ap.add_argument("--staggered", action="store_true",
                     help="also compare the engines' greedy tokens on requests arriving one per step (mixed steps)")
     ap.add_argument("--matmuls", action="store_true",
@@ -486,7 +520,7 @@ def main(argv=None) -> int:
     ceil = ceilings(quick=False)
     bw = ceil["copy_GBps"] * 1e9
     t0 = time.perf_counter()
-    model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed)
+    model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed, init=a.init)
     wbytes = weight_bytes_per_step(model)
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
@@ -505,7 +539,7 @@ def main(argv=None) -> int:
     mode = None if a.compile_mode == "none" else a.compile_mode
     makers = {
         "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),
-        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise_tokens),
+        "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise),
                                 frames, cfg, eos_ids=model.config.eos_token_ids),
     }
     makers = {k: v for k, v in makers.items() if k in a.engines.split(",")}
@@ -541,9 +575,12 @@ def main(argv=None) -> int:
     for name, make in makers.items() if a.staggered else ():
         try:
             t = time.perf_counter()
-            staggered[name] = staggered_tokens(make(), model, a.seed)
+            llm = make()
+            audit = PiecewiseAudit(llm.engine) if name == "inductor" else None
+            staggered[name] = staggered_tokens(llm, model, a.seed)
             eager = staggered.get("eager")
             log({"stage": "staggered", "engine": name, "stage_s": round(time.perf_counter() - t, 1),
+                 "piecewise_vs_compiled": audit and audit.records,
                  "tokens_equal_eager": None if eager is None else staggered[name] == eager,
                  "first_difference_at": first_differences(staggered[name], eager or [])})
             ok &= eager is None or staggered[name] == eager

@@ -37,6 +37,7 @@ import torch
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
 from g4rt.models.layout import PageGeometry
+from g4rt.plugins.buckets import token_bucket
 from g4rt.runtime.admission import promise_for
 from g4rt.runtime.engines.inductor import InductorEngine
 from g4rt.runtime.llm import LLM
@@ -66,8 +67,8 @@ def moe_roofline(model, batch: int, context: int, distinct: list[float], ceil: d
 
 
 class ExpertCensus:
-    """Counts, per layer, the distinct experts chosen in the steps of exactly `tokens` tokens (decode
-    steps of that batch) while active. Forward hooks on the eager model's `experts` modules keep the
+    """Counts, per layer, the distinct experts the real rows chose in the steps of exactly `tokens` tokens
+    (decode steps of that batch) while active. Forward hooks on the eager model's `experts` modules keep the
     expert ids on the GPU; nothing syncs until `distinct()`."""
 
     def __init__(self, model, tokens: int):
@@ -77,8 +78,8 @@ class ExpertCensus:
 
     def _record(self, i, module, args, out):
         idx = args[1]
-        if idx.shape[0] == self.tokens:
-            self.seen.setdefault(i, []).append(idx.clone())
+        if idx.shape[0] == token_bucket(self.tokens):  # the step's rows, padded (plugins/buckets.py)
+            self.seen.setdefault(i, []).append(idx[: self.tokens].clone())  # the real rows' choices
 
     def close(self) -> None:
         for h in self._hooks:

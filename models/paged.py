@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 import g4rt.plugins.ops  # noqa: F401  (registers torch.ops.g4rt.*)
+from g4rt.plugins.buckets import token_bucket
 from g4rt.plugins.reference import window_left
 
 from .layout import LayerKV, PageGeometry
@@ -26,15 +27,22 @@ from .model import Gemma4Model
 class PagedStep(nn.Module):
     """`forward(arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
     full_table, full_slots, logits_rows)` -> fp32 logits [R, vocab]; with `functional=True` it returns
-    `(logits, new_arena)` and never mutates its input (ONNX export)."""
+    `(logits, new_arena)` and never mutates its input (ONNX export).
 
-    def __init__(self, model: Gemma4Model, geometry: PageGeometry, functional: bool = False):
+    With `pad_tokens` (the eager and inductor engines) the model runs on `token_bucket(T)` rows: the
+    token ids and positions padded with token 0 at position 0, the attention calls on the real T rows
+    (`padded_forward`). Everything else is row-wise, so the padding changes no row but the matmuls' row
+    count, which it makes the same as the CUDA-graph replays' (plugins/buckets.py says why)."""
+
+    def __init__(self, model: Gemma4Model, geometry: PageGeometry, functional: bool = False,
+                 pad_tokens: bool = False):
         super().__init__()
         if geometry.layout.config != model.config:
             raise ValueError("PagedStep: the page geometry was built for a different config than the model")
         self.model = model
         self.geometry = geometry
         self.functional = functional
+        self.pad_tokens = pad_tokens
 
     def attention_over(self, arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots, full_table,
                        full_slots):
@@ -64,6 +72,23 @@ class PagedStep(nn.Module):
                 full_table, full_slots, logits_rows):
         attention, state = self.attention_over(arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
                                                full_table, full_slots)
-        hidden = self.model(token_ids, positions, attention)
+        hidden = (padded_forward(self.model, token_ids, positions, attention) if self.pad_tokens
+                  else self.model(token_ids, positions, attention))
         logits = self.model.logits(hidden.index_select(0, logits_rows.long()))
         return (logits, state["arena"]) if self.functional else logits
+
+
+def padded_forward(model: Gemma4Model, token_ids, positions, attention):
+    """`model(token_ids, positions, attention)` computed on `token_bucket(T)` rows: token ids and
+    positions padded with token 0 at position 0, the attention calls on the real T rows (the padded
+    rows' output is zero). Returns the hidden rows of all of them; the first T are the real ones."""
+    t = token_ids.shape[0]
+    padded = token_bucket(t)
+    if padded == t:
+        return model(token_ids, positions, attention)
+    pad = token_ids.new_zeros(padded - t)
+
+    def real_rows(layer: LayerKV, q, k, v):
+        o = attention(layer, q[:t], None if k is None else k[:t], None if v is None else v[:t])
+        return torch.cat([o, o.new_zeros((padded - t, *o.shape[1:]))])
+    return model(torch.cat([token_ids, pad]), torch.cat([positions, pad]), real_rows)

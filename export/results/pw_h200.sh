@@ -6,7 +6,7 @@
 # (1) E2B, eager and inductor engines: greedy tokens equal at batch 1 and 8 and on staggered arrivals
 #     (mixed prefill + decode steps), then time to first token of 128 and 2,048 tokens (chunk 2,048),
 #     3 alternated reps, with the piecewise graphs; (2) the same TTFT arms without them
-#     (--piecewise-tokens 0) in a fresh process; (3) `g4rt serve` of the E2B against offline,
+#     (--no-piecewise) in a fresh process; (3) `g4rt serve` of the E2B against offline,
 #     runtime/results/serve_h200.sh's e2b arm, with what is left.
 set -u
 : "${OUT:?OUT must name the results directory}"
@@ -27,7 +27,7 @@ run_part() {  # run_part NAME CAP_S COMMAND...
 run_part e2b_pw 170 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b_pw" --skip-hf --batches 1,8 \
   --new-tokens 32 --staggered --ttft 128,2048 --ttft-chunks 2048
 run_part e2b_nopw 90 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b_nopw" --skip-hf --batches "" \
-  --engines inductor --ttft 128,2048 --ttft-chunks 2048 --piecewise-tokens 0
+  --engines inductor --ttft 128,2048 --ttft-chunks 2048 --no-piecewise
 cat "$OUT"/e2b_pw/export_bench.jsonl "$OUT"/e2b_nopw/export_bench.jsonl > "$OUT/engine.jsonl" 2>/dev/null
 rm -rf "$OUT/e2b_pw" "$OUT/e2b_nopw"
 LEFT=$((BUDGET - (SECONDS - T0)))

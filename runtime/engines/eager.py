@@ -15,7 +15,7 @@ import torch
 
 from g4rt.models.layout import PageGeometry
 from g4rt.models.linear_cache import LinearCache
-from g4rt.models.paged import PagedStep
+from g4rt.models.paged import PagedStep, padded_forward
 from g4rt.models.step import StepBatch
 
 from ..arena import Arena
@@ -30,7 +30,7 @@ class EagerEngine:
             raise ValueError(f"arena frames hold {arena.frame_elems} elements, geometry needs {geometry.frame_elems}")
         self.model, self.geometry, self.arena = model, geometry, arena
         self.config = model.config
-        self.paged = PagedStep(model, geometry)
+        self.paged = PagedStep(model, geometry, pad_tokens=True)  # the rows the inductor engine's graphs run
         self.device = arena.device
 
     takes_feed = True
@@ -73,7 +73,7 @@ class LinearEngine:
         b = batch.to(self.device)
         if feed is not None:
             feed.apply(b.token_ids)
-        hidden = self.model(b.token_ids, b.positions, self.cache)
+        hidden = padded_forward(self.model, b.token_ids, b.positions, self.cache)  # the rows EagerEngine runs
         return self.model.logits(hidden[b.logits_rows.long()])
 
     def release(self, seq_id: int) -> None:

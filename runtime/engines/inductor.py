@@ -11,7 +11,7 @@ host to the next bucket size B' >= B (and a page-table width bucket) with dummy 
 position 0, slots -1, so it writes nothing and reads frame 0), copied to the graph's static inputs in
 one transfer, and the captured graph is replayed; the logits of the real rows are returned. Buckets go
 up to the largest batch the scheduler admits (`plan_batches`, called by the runtime with its
-max_num_seqs). Other steps (prefill chunks, mixed steps) of up to `piecewise_tokens` tokens replay
+max_num_seqs). Other steps (prefill chunks, mixed steps) of up to TOKEN_BUCKETS_UP_TO tokens replay
 piecewise graphs per token bucket (piecewise.py); larger ones run the compiled module directly.
 
 The runtime schedules a step while the previous one is still on the device (runtime/llm.py), so the
@@ -42,7 +42,6 @@ from ..arena import Arena
 from .piecewise import PiecewiseGraphs, token_buckets
 
 MAX_BATCH = 256  # decode graphs are captured up to this many sequences unless the runtime plans more
-PIECEWISE_TOKENS = 2048  # prefill and mixed steps of up to this many tokens replay segment graphs
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -127,7 +126,7 @@ class InductorEngine:
     """
 
     def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default",
-                 compile_scope: str = "layers", piecewise_tokens: int = PIECEWISE_TOKENS):
+                 compile_scope: str = "layers", piecewise: bool = True):
         if compile_scope not in ("layers", "step"):
             raise ValueError(f"compile_scope must be 'layers' or 'step', got {compile_scope!r}")
         self.geometry = geometry
@@ -144,7 +143,9 @@ class InductorEngine:
             inductor_config.emulate_precision_casts = True
         per_layer = compile_mode and compile_scope == "layers"
         step_model = _with_compiled_layers(model, compile_mode) if per_layer else model
-        self.module = ArenaStep(PagedStep(step_model, geometry), self.arena.tensor)
+        # Padded token rows as the graphs replay them, except in the one graph of the "step" scope.
+        self.module = ArenaStep(PagedStep(step_model, geometry, pad_tokens=not (compile_mode and not per_layer)),
+                                self.arena.tensor)
         self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
                          if compile_mode and not per_layer else self.module)
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[DecodeInputs], DecodeInputs]] = {}
@@ -153,10 +154,10 @@ class InductorEngine:
         self._turn = 0  # which of a bucket's two host buffers the next decode step fills
         self._rows = 0  # rows the logits buffer gets at the first capture: the widest bucket planned
         self.plan_batches(MAX_BATCH)
-        # Other steps of up to `piecewise_tokens` tokens replay segment graphs (piecewise.py); not with
+        # Other steps of up to TOKEN_BUCKETS_UP_TO tokens replay segment graphs (piecewise.py); not with
         # the "step" scope, whose one compiled graph has the attention calls inside it.
-        self.piecewise = (PiecewiseGraphs(self.module.paged, self.arena.tensor, piecewise_tokens)
-                          if piecewise_tokens and self.device.type == "cuda" and not (compile_mode and not per_layer)
+        self.piecewise = (PiecewiseGraphs(self.module.paged, self.arena.tensor)
+                          if piecewise and self.device.type == "cuda" and not (compile_mode and not per_layer)
                           else None)
 
     takes_feed = True

@@ -8,7 +8,8 @@ pays the host's cost of every op of every layer: the E2B's 35 layers took ~50 ms
 (runtime/results/README.md). Everything in the model except the attention call is token-wise (each
 token's row is computed from that row alone, MoE routing included), so that part depends only on the
 number of tokens: padded to a bucket T' >= T (token 0 at position 0 in the padded rows) it can be
-replayed from a graph captured once per bucket. The attention call (K/V write, paged attention) runs
+replayed from a graph captured once per bucket (`token_bucket`; the eager engines pad to the same
+rows, plugins/buckets.py says why). The attention call (K/V write, paged attention) runs
 eagerly on the real T rows with the step's real metadata, reading its q/k/v from static buffers the
 segment before it wrote and writing its output into the static buffer the segment after it reads.
 This is vLLM's piecewise CUDA graph, over the model's own attention callback (models/paged.py).
@@ -27,17 +28,15 @@ import math
 import torch
 
 from g4rt.models.step import StepBatch, input_shape, padding_batch
-from g4rt.plugins.buckets import pow2_bucket
-
-MIN_TOKENS = 16  # the smallest token bucket: steps of fewer tokens pad to it
+from g4rt.plugins.buckets import TOKEN_BUCKETS_UP_TO, token_bucket
 
 META = StepBatch.names()[2:]  # the fields after token_ids and positions: the attention's and the rows
 
 
 def token_buckets(max_tokens: int) -> tuple[int, ...]:
-    """The token buckets up to the bucket of `max_tokens`: MIN_TOKENS, 2 MIN_TOKENS, ..."""
-    top = pow2_bucket(max(max_tokens, MIN_TOKENS))
-    return tuple(MIN_TOKENS << i for i in range((top // MIN_TOKENS).bit_length()))
+    """The token buckets (plugins/buckets.py `token_bucket`) of steps of up to `max_tokens` tokens."""
+    top = token_bucket(min(max_tokens, TOKEN_BUCKETS_UP_TO))
+    return tuple(1 << i for i in range(top.bit_length()))
 
 
 class Staging:
@@ -86,12 +85,13 @@ class _Bucket:
 
 
 class PiecewiseGraphs:
-    """Steps of up to `max_tokens` tokens replayed as segment graphs over `paged` (a PagedStep whose
-    model runs its layers in pieces: eager or the inductor engine's compiled pieces) and `arena`."""
+    """Steps of up to TOKEN_BUCKETS_UP_TO tokens replayed as segment graphs over `paged` (a PagedStep
+    whose model runs its layers in pieces: eager or the inductor engine's compiled pieces) and `arena`,
+    at the rows `paged` computes them at (`token_bucket`, PagedStep(pad_tokens=True))."""
 
-    def __init__(self, paged, arena: torch.Tensor, max_tokens: int):
+    def __init__(self, paged, arena: torch.Tensor):
         self.paged, self.arena, self.device = paged, arena, arena.device
-        self.max_tokens = pow2_bucket(max(max_tokens, MIN_TOKENS))
+        self.max_tokens = TOKEN_BUCKETS_UP_TO
         cfg = paged.model.config
         # per token, the most elements any layer's q (and so k, v, o: kv heads <= q heads) holds
         self._row = cfg.num_attention_heads * max(cfg.head_dim, cfg.global_head_dim)
@@ -103,7 +103,7 @@ class PiecewiseGraphs:
 
     def capture(self, tokens: int, pool):
         """Capture the bucket of `tokens` tokens (once); returns the graph memory pool to share."""
-        tp = max(MIN_TOKENS, pow2_bucket(tokens))
+        tp = token_bucket(tokens)
         if tp in self._buckets:
             return pool
         dummy = padding_batch(tp, device=self.device).tensors()  # the capture's metadata
@@ -154,7 +154,7 @@ class PiecewiseGraphs:
     def step(self, batch: StepBatch, feed=None) -> torch.Tensor:
         """Logits of `batch` (its bucket captured already, `capture`); `feed` as in engines.Feed."""
         t = batch.num_tokens
-        b = self._buckets[max(MIN_TOKENS, pow2_bucket(t))]
+        b = self._buckets[token_bucket(t)]
         meta = self.staging.stage(batch, b.tokpos)
         if feed is not None:
             feed.apply(b.tokpos[0, :t])
