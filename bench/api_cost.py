@@ -20,6 +20,9 @@ in a subprocess for each point. Per point it records:
   (the event loop, the socket, the client's own loop).
 
     python -m g4rt.bench.api_cost --step-ms 0,10 --concurrency 64,256 --out cpu_api_step_cost.jsonl
+
+`--apply-only` times the reader thread's part alone, in this process without a server: `Outputs.apply`
+on steps of one new token for each of `--concurrency` streaming completions (no event loop, no pipe).
 """
 from __future__ import annotations
 
@@ -239,6 +242,40 @@ def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
     return points
 
 
+def apply_only(a, streams: int, steps: int = 40) -> dict:
+    """Seconds per update of `Outputs.apply` (module docstring), best of three runs of `steps` steps."""
+    import asyncio
+    import random
+
+    from g4rt.runtime.service import outputs, prepare
+    from g4rt.runtime.service.metrics import Metrics
+    from g4rt.runtime.service.text import Tokenizer
+    from g4rt.runtime.service.wire import Update
+    from g4rt.models.tiny import ensure_tiny
+
+    tok = Tokenizer.from_dir(ensure_tiny()) if a.tokenizer else None
+    ctx = prepare.Context("instant", 4096, tok, None)
+    rng = random.Random(a.seed)
+    body = json.dumps({"prompt": [rng.randrange(4, 512) for _ in range(a.input_len)], "max_tokens": steps,
+                       "temperature": 0.0, "ignore_eos": True, "stream": True,
+                       "stream_options": {"include_usage": True}, "return_token_ids": True}).encode()
+    loop = asyncio.new_event_loop()
+    outputs._post = lambda posts: None  # nothing to deliver to: no loop runs
+    best = float("inf")
+    for _ in range(3):
+        jobs = [outputs.Job(prepare.completion(body, ctx), "instant", loop, tok) for _ in range(streams)]
+        out = outputs.Outputs(tok, Metrics(), lambda cids: None)
+        ups = [[(j.choices[0], Update(i, [rng.randrange(4, 512)], None, "length" if s == steps - 1 else None))
+                for i, j in enumerate(jobs)] for s in range(steps)]
+        t0 = time.perf_counter()
+        for step in ups:
+            out.apply(step)
+        best = min(best, (time.perf_counter() - t0) / (steps * streams))
+    loop.close()
+    return {"bench": "api_cost_apply", "label": a.label, "tokenizer": a.tokenizer, "streams": streams,
+            "steps": steps, "us_per_update": round(best * 1e6, 2), "ms_per_step": round(best * streams * 1e3, 3)}
+
+
 def main(argv=None) -> int:
     def nums(s):
         return [float(x) for x in s.split(",") if x]
@@ -257,20 +294,29 @@ def main(argv=None) -> int:
                         "without it no text is made, as in `python -m g4rt.bench.serve host`")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                    help="asyncio: the server runs without uvloop even where it is installed (an image without it)")
+    p.add_argument("--apply-only", action="store_true", help="time Outputs.apply alone (module docstring)")
     p.add_argument("--label", default=None, help="stored in each record (e.g. which code ran)")
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
     a = p.parse_args(argv)
+    if a.apply_only:
+        for streams in a.concurrency:
+            _emit(a, apply_only(a, streams))
+        return 0
     if a.loop == "asyncio":
         sys.modules["uvloop"] = None  # runtime/server.py falls back to asyncio when uvloop does not import
     times = ApiTimes()
     with tempfile.TemporaryDirectory(prefix="g4rt-api-cost-") as tmp:
         for step_ms in a.step_ms:
             for rec in arm(a, step_ms, tmp, times):
-                print(json.dumps(rec), flush=True)
-                if a.out:
-                    with open(a.out, "a") as f:
-                        f.write(json.dumps(rec) + "\n")
+                _emit(a, rec)
     return 0
+
+
+def _emit(a, rec: dict) -> None:
+    print(json.dumps(rec), flush=True)
+    if a.out:
+        with open(a.out, "a") as f:
+            f.write(json.dumps(rec) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """The HTTP surface: a FastAPI app over one `Service` (engine process + its client + prepare pool).
 
-The event loop does I/O only. A request's body is read with a size limit (checked on Content-Length
-before anything is read, and again while reading) and a read timeout, handed to a worker thread to be
-parsed and tokenized, queued for the engine (or refused with 429 past `max_queue`), and then either
-streamed as Server-Sent Events or answered once. Whatever the client does, its hang-up cancels its
+The event loop does I/O only, and what costs less than a thread hop. A request's body is read with a
+size limit (checked on Content-Length before anything is read, and again while reading) and a read
+timeout, handed to a worker thread to be parsed and tokenized (a small completion of token ids is
+parsed on the loop: prepare.cheap), queued for the engine (or refused with 429 past `max_queue`), and
+then either streamed as Server-Sent Events or answered once. Whatever the client does, its hang-up cancels its
 engine requests, whose pages go back to the pool at once.
 """
 from __future__ import annotations
