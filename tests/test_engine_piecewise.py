@@ -70,7 +70,8 @@ def test_padded_token_rows_leave_the_real_rows_unchanged(variant):
 
 def test_staging_packs_every_field_and_reuses_its_buffers_in_turn():
     """Two steps in a row fill different host buffers (the first one's copy may still be in flight on
-    CUDA); the metadata views equal the batch's fields, whatever the buffers held before."""
+    CUDA); the metadata views equal the batch's fields, whatever the buffers held before, and each
+    starts 16-byte aligned whatever the sizes before it (cu_q has B + 1 elements: here 3)."""
     model = random_model(tiny_config("31b"), torch.float32, "cpu", seed=5)
     geometry, sched = mixed_steps(model)
     batch = sched.schedule().batch
@@ -84,5 +85,6 @@ def test_staging_packs_every_field_and_reuses_its_buffers_in_turn():
         meta = staging.stage(batch, tokpos)
         for name, got in zip(StepBatch.names()[2:], meta):
             assert torch.equal(got, getattr(batch, name)), name
+            assert got.data_ptr() % 16 == 0, name  # Triton compiles a kernel variant per alignment
         seen.append(staging._turn)
     assert seen == [1, 0, 1]

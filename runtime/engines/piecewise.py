@@ -39,9 +39,21 @@ def token_buckets(max_tokens: int) -> tuple[int, ...]:
     return tuple(1 << i for i in range(top.bit_length()))
 
 
+ALIGN = 4  # int32 elements: 16 bytes, the pointer alignment Triton compiles a kernel variant for
+
+
+def _aligned(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
 class Staging:
     """One step's int32 inputs in a pinned host buffer: token ids and positions padded to the bucket,
-    then the other fields packed. `stage` fills it and returns the metadata as device views."""
+    then the other fields, each at a 16-byte aligned offset. `stage` fills it and returns the metadata
+    as device views.
+
+    Why aligned: Triton compiles a variant of a kernel per pointer argument that is or is not 16-byte
+    aligned; packed end to end, the fields' alignments changed with every batch's sizes, and each new
+    combination compiled the attention kernels anew during serving (2-3 s stalls on the H200's 31B)."""
 
     def __init__(self, device):
         self.device = device
@@ -49,8 +61,13 @@ class Staging:
         self._meta = torch.empty(0, dtype=torch.int32, device=device)
         self._turn = 0
 
+    @staticmethod
+    def meta_size(sizes) -> int:
+        """Elements the metadata of fields of `sizes` elements takes, aligned."""
+        return sum(_aligned(n) for n in sizes)
+
     def reserve(self, tokens: int, meta: int) -> None:
-        """Room for `tokens` padded tokens and `meta` packed metadata elements (grows, never shrinks)."""
+        """Room for `tokens` padded tokens and `meta` metadata elements (grows, never shrinks)."""
         if not self._host or self._host[0].numel() < 2 * tokens + meta:
             pin = self.device.type == "cuda"
             self._host = [torch.empty(2 * tokens + meta, dtype=torch.int32, pin_memory=pin) for _ in range(2)]
@@ -62,19 +79,24 @@ class Staging:
         its other fields into the metadata buffer; return those as device views, in contract order."""
         tp, t = tokpos.shape[1], batch.num_tokens
         fields = [getattr(batch, name) for name in META]
-        sizes = [f.numel() for f in fields]
-        self.reserve(tp, sum(sizes))
+        offsets, total = [], 0
+        for f in fields:
+            offsets.append(total)
+            total += _aligned(f.numel())
+        self.reserve(tp, total)
         host = self._host[self._turn]
         self._turn ^= 1
         head = host[: 2 * tp].view(2, tp)
         head[:, t:].zero_()
         head[0, :t] = batch.token_ids
         head[1, :t] = batch.positions
-        torch.cat([f.reshape(-1) for f in fields], out=host[2 * tp: 2 * tp + sum(sizes)])
+        region = host[2 * tp: 2 * tp + total]
+        for f, o in zip(fields, offsets):
+            region[o: o + f.numel()] = f.reshape(-1)
         tokpos.copy_(head, non_blocking=True)
-        meta = self._meta[: sum(sizes)]
-        meta.copy_(host[2 * tp: 2 * tp + sum(sizes)], non_blocking=True)
-        return [v.view(f.shape) for v, f in zip(meta.split(sizes), fields)]
+        meta = self._meta[:total]
+        meta.copy_(region, non_blocking=True)
+        return [meta[o: o + f.numel()].view(f.shape) for f, o in zip(fields, offsets)]
 
 
 class _Bucket:
@@ -149,7 +171,7 @@ class PiecewiseGraphs:
         """Room in the staging buffers for the largest step within these bounds."""
         sizes = {"tokens": self.max_tokens, "seqs": max_seqs, "rows": max_seqs,
                  "sliding_pages": max_sliding_pages, "full_pages": max_full_pages}
-        self.staging.reserve(self.max_tokens, sum(math.prod(input_shape(n, sizes)) for n in META))
+        self.staging.reserve(self.max_tokens, Staging.meta_size(math.prod(input_shape(n, sizes)) for n in META))
 
     def step(self, batch: StepBatch, feed=None) -> torch.Tensor:
         """Logits of `batch` (its bucket captured already, `capture`); `feed` as in engines.Feed."""

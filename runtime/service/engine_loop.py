@@ -20,7 +20,7 @@ import torch
 
 from ..admission import RequestTooLarge
 from ..llm import LLM
-from ..sampling import SamplingParams
+from ..sampling import SamplingParams, SamplingRows
 from .wire import Add, EngineSpec
 
 log = logging.getLogger("g4rt.serve")
@@ -39,9 +39,25 @@ def graph_bounds(llm: LLM) -> dict:
             "max_full_pages": -(-max_len // pt_f), "max_tokens": sched.config.max_num_batched_tokens}
 
 
+def warm_sampler(llm: LLM) -> None:
+    """Launch the sampler at every row count a step can have (1 .. max_num_seqs), greedy and nucleus
+    rows, so that none of its kernel variants compiles during serving: Triton compiles one per split
+    count (a constexpr that falls with the row count), per row count that is 1, a multiple of 16 or
+    neither, and with or without the top-p rounds. Only where the sampler runs Triton (CUDA)."""
+    device = getattr(llm.engine, "device", None)
+    if device is None or torch.device(device).type != "cuda":
+        return
+    rows = llm.scheduler.config.max_num_seqs
+    logits = torch.randn(rows, llm.scheduler.geometry.layout.config.vocab_size, device=device)
+    for r in range(1, rows + 1):
+        for top_p in (1.0, 0.9):
+            llm.sampler(logits[:r], SamplingRows([1.0] * r, [0] * r, [top_p] * r, [0] * r, [0] * r))
+    del logits
+
+
 def warm_up(llm: LLM) -> float:
     """Everything a first request would otherwise pay for: the engine's own warm-up (every decode and
-    piecewise graph within `graph_bounds`), then prompts through the whole step path, each alone (a
+    piecewise graph within `graph_bounds`), the sampler's kernels (`warm_sampler`), then prompts through the whole step path, each alone (a
     single-sequence prefill) and all together (a multi-sequence prefill, mixed steps, decode), greedy and
     sampled. Their lengths cover sizes compilers commonly specialise on (1, a multiple of 16 and not, a
     full chunk). Returns the seconds it took.
@@ -52,6 +68,7 @@ def warm_up(llm: LLM) -> float:
     t0 = time.perf_counter()
     if hasattr(llm.engine, "warmup"):
         llm.engine.warmup(**graph_bounds(llm))
+    warm_sampler(llm)
     sched = llm.scheduler
     max_len = llm.scheduler.max_model_len
     vocab = sched.geometry.layout.config.vocab_size
