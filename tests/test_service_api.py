@@ -413,3 +413,24 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
+
+
+class _Broken:
+    """Just what build_app reads of a Service, with a generate that fails as a bug would."""
+
+    def __init__(self, origins):
+        from g4rt.runtime.service.metrics import Metrics
+        self.config, self.metrics = ServiceConfig(allowed_origins=origins), Metrics()
+
+    async def generate(self, request, prepare_fn):
+        raise RuntimeError("a bug")
+
+
+@pytest.mark.parametrize("origins", [(), ("http://ok.example",)])  # served by _Gate itself, or by FastAPI's route
+def test_an_unhandled_error_in_a_generation_endpoint_is_a_500_error_object(origins):
+    service = _Broken(origins)
+    with TestClient(build_app(service), raise_server_exceptions=False) as tc:
+        for path in ("/v1/completions", "/v1/chat/completions"):
+            r = tc.post(path, json={"prompt": [1]})
+            assert r.status_code == 500 and r.json() == {"error": {
+                "message": "internal error: RuntimeError", "type": "server_error", "param": None, "code": None}}

@@ -195,10 +195,16 @@ async def _watch(receive) -> None:
 
 class _Gate:
     """ASGI middleware: Bearer auth on /v1/* when an API key is set, and requests counted by endpoint
-    and status (unknown paths share one label). Pure ASGI, so streams and hang-ups pass untouched."""
+    and status (unknown paths share one label). Pure ASGI, so streams and hang-ups pass untouched.
 
-    def __init__(self, app, metrics: Metrics, paths: set[str], api_key: str | None):
-        self.app, self.metrics, self.paths = app, metrics, paths
+    `fast` maps paths to handlers it serves itself for POST (the generation endpoints), without
+    FastAPI's routing and the middleware below it: on a 2-core CPU those cost about as much per request
+    as the rest of the request's event-loop work (runtime/results/README.md, "API process cost per
+    step"), and a service at hundreds of streams starts several requests per engine step. Errors are
+    answered as the app's exception handlers answer them."""
+
+    def __init__(self, app, metrics: Metrics, paths: set[str], api_key: str | None, fast: dict | None = None):
+        self.app, self.metrics, self.paths, self.fast = app, metrics, paths, fast or {}
         self.expected = f"Bearer {api_key}".encode() if api_key else None
 
     async def __call__(self, scope, receive, send):
@@ -215,11 +221,26 @@ class _Gate:
             if not hmac.compare_digest(given, self.expected):
                 err = APIError(401, "missing or wrong API key (Authorization: Bearer ...)", code="invalid_api_key")
                 return await _error(err)(scope, receive, counted)
-        await self.app(scope, receive, counted)
+        handler = self.fast.get(scope["path"]) if scope["method"] == "POST" else None
+        if handler is None:
+            return await self.app(scope, receive, counted)
+        request = Request(scope, receive)
+        try:
+            response = await handler(request)
+        except APIError as e:
+            response = _error(e)
+        except Exception as e:
+            response = _internal(request, e)
+        await response(scope, receive, counted)
 
 
 def _error(e: APIError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _internal(request: Request, e: Exception) -> JSONResponse:
+    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=e)
+    return _error(APIError(500, f"internal error: {type(e).__name__}"))
 
 
 def build_app(service: Service) -> FastAPI:
@@ -238,8 +259,7 @@ def build_app(service: Service) -> FastAPI:
 
     @app.exception_handler(Exception)
     async def internal(request, e: Exception):
-        log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return _error(APIError(500, f"internal error: {type(e).__name__}"))
+        return _internal(request, e)
 
     @app.get("/health")
     async def health():
@@ -268,6 +288,8 @@ def build_app(service: Service) -> FastAPI:
     async def chat(request: Request):
         return await service.generate(request, prepare.chat)
 
+    generation = {"/v1/completions": completions, "/v1/chat/completions": chat}  # _Gate serves them unless CORS
+
     async def _text_endpoint(request: Request, fn):
         body = await read_body(request, cfg.max_body_bytes, cfg.read_timeout_s)
         out = await asyncio.get_running_loop().run_in_executor(service.pool, fn, body, service.ctx)
@@ -287,5 +309,6 @@ def build_app(service: Service) -> FastAPI:
                            allow_headers=["*"])
     paths = {"/health", "/ready", "/metrics", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
              "/detokenize"}
-    app.add_middleware(_Gate, metrics=service.metrics, paths=paths, api_key=cfg.api_key)
+    app.add_middleware(_Gate, metrics=service.metrics, paths=paths, api_key=cfg.api_key,
+                       fast=None if cfg.allowed_origins else generation)
     return app
