@@ -2,7 +2,7 @@
 # One H200 call (<= 9 min): g4rt serve (random checkpoint, inductor engine, the engine in its own process)
 # under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
 # warmed-up LLM in the service's engine process. E2B at concurrency 1,8,64,256 (3 sweeps), then, if the
-# time left allows, the 31B at 1,64,256 (1 sweep). Run from the repository root with the serve extra's
+# time left allows, the 31B at the same (3 sweeps). Run from the repository root with the serve extra's
 # wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
@@ -37,14 +37,15 @@ arm() {
     [ -n "$engine" ] && kill -KILL "$engine" 2>/dev/null
     return 1
   fi
-  say "$name: ready ($(grep -o '"warmup_s":[0-9.]*' "$d/ready.json"))"
+  say "$name: ready ($(grep -o '"warmup_s":[0-9.]*' "$d/ready.json"))"; rm -f "$d/ready.json"
   # the offline arm runs after the drain and takes about as long as the HTTP sweep: give each half
   local sweep=$(( (end - SECONDS) / 2 )); [ "$sweep" -lt 5 ] && sweep=5  # (timeout 0 would mean none)
   timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --first-requests 10 \
     --out "$d/serve.jsonl" | cut -c1-160
   say "$name: HTTP sweep exit ${PIPESTATUS[0]}"
-  curl -s "$url/metrics" | grep -E "^g4rt_(step_seconds|time_to_first|request_queue)_(sum|count)" > "$d/metrics.txt"
+  local metrics=$(curl -s "$url/metrics" | grep -E "^g4rt_(step_seconds|time_to_first|request_queue)_(sum|count)")
   kill -TERM $host; wait $host; echo "host exit $?" | tee -a "$d/host.log"
+  echo "$metrics" >> "$d/host.log"  # three files per arm: the device returns at most 8
   # a host killed by its time limit leaves its engine process (running the offline arm) behind: end it
   local engine=$(grep -o "engine process [0-9]*" "$d/host.log" | head -1 | cut -d" " -f3)
   [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null && kill -KILL "$engine" && say "$name: killed the engine process $engine"
@@ -52,16 +53,17 @@ arm() {
   grep -E "warm-up done|draining|Traceback|Error" "$d/host.log" | head -8
 }
 
-# E2B (h200_serve_split_e2b_host.log): build 13 s, warm-up (126 decode graphs) 73 s, HTTP sweep 78 s, offline 73 s.
+# E2B (h200_serve_final_e2b_host.log): build 12 s, warm-up (126 decode graphs, 12 piecewise buckets, the sampler
+# at 1..256 rows) 114 s, HTTP sweep 20 s, offline 23 s.
 if [[ " $ARMS " == *" e2b "* ]]; then
   arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
     "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
 fi
-# The 31B: build, warm-up and sweep times not measured yet.
+# The 31B (h200_serve_final_31b_host.log, one sweep): build 10 s, warm-up 67 s, HTTP sweep 21 s, offline 20 s.
 if [[ " $ARMS " == *" 31b "* ]]; then
   if [ "$(left)" -ge 200 ]; then
     arm 31b "$(( $(left) - 5 ))" "--config 31b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 48" \
-      "--waves 2 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,64,256 --repeat 1"
+      "--waves 2 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
   else
     say "31b: skipped, $(left) s left (needs >= 200; run it alone: bash $0 530 31b)"
   fi
