@@ -193,7 +193,10 @@ def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
         from g4rt.models.tiny import ensure_tiny
         tok = Tokenizer.from_dir(ensure_tiny())
     service = Service(spec, ServiceConfig(served_model_name="instant", max_queue=4096), tokenizer=tok)
-    server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2).start()
+    server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2)
+    if a.profile_loop:
+        server.run = functools.partial(_profiled, server.run, f"{a.profile_loop}.{step_ms:g}")
+    server.start()
     assert service.engine.ready.wait(120), "the engine never became ready"
     m, pid = service.metrics, service.engine.proc.pid
     points = []
@@ -276,6 +279,16 @@ def apply_only(a, streams: int, steps: int = 40) -> dict:
             "steps": steps, "us_per_update": round(best * 1e6, 2), "ms_per_step": round(best * streams * 1e3, 3)}
 
 
+def _profiled(run, path: str):
+    """`run` (the server's thread: its event loop) under cProfile, the stats written to `path`."""
+    import cProfile
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(run)
+    finally:
+        prof.dump_stats(path)
+
+
 def main(argv=None) -> int:
     def nums(s):
         return [float(x) for x in s.split(",") if x]
@@ -294,6 +307,8 @@ def main(argv=None) -> int:
                         "without it no text is made, as in `python -m g4rt.bench.serve host`")
     p.add_argument("--loop", choices=("uvloop", "asyncio"), default="uvloop",
                    help="asyncio: the server runs without uvloop even where it is installed (an image without it)")
+    p.add_argument("--profile-loop", default=None,
+                   help="write cProfile stats of the event loop's thread to PATH.<step ms> (it slows the loop)")
     p.add_argument("--apply-only", action="store_true", help="time Outputs.apply alone (module docstring)")
     p.add_argument("--label", default=None, help="stored in each record (e.g. which code ran)")
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
