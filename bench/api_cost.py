@@ -165,7 +165,8 @@ def legs(client: list[dict], api: ApiTimes, engine: list, window: tuple[float, f
     `window` (points share prompts: the same seed) found everywhere."""
     def within(pairs):
         return {k: t for k, t in pairs if window[0] <= t <= window[1]}
-    jobs, chunks, eng = within(api.jobs), within(api.first_chunk), {r[0]: r for r in engine if window[0] <= r[1] <= window[1]}
+    jobs, chunks = within(api.jobs), within(api.first_chunk)
+    eng = {r[0]: r for r in engine if window[0] <= r[1] <= window[1]}
     rows = []
     for r in client:
         k, e = r["key"], eng.get(r["key"])
