@@ -6,9 +6,10 @@ client's Python and no client waits on a step:
 * the **engine process** (engine_loop.py, multiprocessing "spawn") owns the `LLM`: it builds it,
   warms it up, and steps whenever there is work; after each step it sends every request's new token
   ids in one message over a pipe (wire.py);
-* the **API process** keeps everything else. Its **event loop** (uvicorn) only reads bodies, checks
-  auth and limits, and writes bytes; **worker threads** parse and validate JSON, render chat
-  templates and tokenize (prepare.py); a **sender thread** forwards new requests and cancellations
+* the **API process** keeps everything else. Its **event loop** (uvicorn) reads bodies, checks
+  auth and limits, writes bytes, and prepares completions of token ids in small bodies itself
+  (prepare.cheap: cheaper than two thread hops); **worker threads** parse and validate other JSON,
+  render chat templates and tokenize (prepare.py); a **sender thread** forwards new requests and cancellations
   to the engine, and a **reader thread** (client.py) takes the engine's messages and detokenizes,
   applies stop strings, formats logprobs and encodes the SSE chunks and responses (outputs.py),
   then posts them to the event loop in one call.
