@@ -21,7 +21,7 @@ Per size, one process builds the model once with seeded random float32 weights o
    (`KeepFloat64`).
 
 On MoE sizes steps 2 and 3 also follow the arm's expert choices (`routing_forced`; recorded by a hook
-on each router, `routing_recorded`), as they follow its tokens: routing is discrete, and fp32 rounding
+on each router, `RoutingRecord`), as they follow its tokens: routing is discrete, and fp32 rounding
 alone decides near-tied choices either way (DESIGN.md, "Random weights: two inits"). Each choice must
 then trail the oracle's own k-th probability by at most `--routing-tol`. An arm whose routing was not
 seen (CUDA-graph replays run no hook) is compared through an observed arm whose logits it equals bit
@@ -264,34 +264,44 @@ def run_arm(llm, prompt: list[int], decode: int) -> tuple[torch.Tensor, list[int
     return torch.stack(out.logits), out.token_ids
 
 
-@contextlib.contextmanager
-def routing_recorded(routers: list[nn.Module]):
-    """Every call's top-k choice of each of our routers (they return (w, idx)): yields one list per router
-    that receives the sorted expert ids [T, k] call by call. The hook runs outside any compiled graph
-    (a graph break at each router in the compiled reference arm; CUDA-graph replays run no hook)."""
-    calls = [[] for _ in routers]
+class RoutingRecord:
+    """Every call's top-k choice of each of our routers (they return (w, idx)), as sorted expert ids, with
+    the real token count of each step of the engine it `watch`es: the engines compute a step on padded
+    rows (plugins/buckets.py token_bucket), whose choices are not the request's. The hooks run outside
+    any compiled graph (a graph break at each router in the compiled reference arm); CUDA-graph replays
+    run none, so their steps are not observed (`routing` is None)."""
 
-    def hook(i):
-        @torch.compiler.disable
-        def record(mod, args, out):
-            calls[i].append(out[-1].sort(dim=-1).values)
-        return record
+    def __init__(self, routers: list[nn.Module]):
+        self.calls: list[list[torch.Tensor]] = [[] for _ in routers]
+        self.steps: list[int] = []
 
-    handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(routers)]
-    try:
-        yield calls
-    finally:
-        for h in handles:
+        def hook(i):
+            @torch.compiler.disable
+            def record(mod, args, out):
+                self.calls[i].append(out[-1].sort(dim=-1).values)
+            return record
+        self._handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(routers)]
+
+    def watch(self, engine) -> None:
+        """Count the tokens of each step `engine`'s PagedStep runs."""
+        paged = engine.paged if hasattr(engine, "paged") else engine.module.paged
+        self._handles.append(paged.register_forward_pre_hook(lambda mod, args: self.steps.append(args[1].shape[0])))
+
+    def routing(self, positions: int) -> torch.Tensor | None:
+        """The choices [layers, positions, k] of the real rows, or None where they do not cover `positions`
+        tokens step by step (no router, or some steps ran as CUDA-graph replays)."""
+        calls, steps = self.calls, self.steps
+        if not calls or not calls[0] or any(len(layer) != len(steps) for layer in calls):
+            return None
+        idx = torch.stack([torch.cat([c[:t] for c, t in zip(layer, steps)]) for layer in calls])
+        return idx if idx.shape[1] == positions else None
+
+    def __enter__(self) -> "RoutingRecord":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
             h.remove()
-
-
-def routing(calls, positions: int) -> torch.Tensor | None:
-    """The recorded choices [layers, positions, k], or None where they do not cover `positions` tokens
-    (no router, or some steps ran as CUDA-graph replays)."""
-    if not calls or not calls[0]:
-        return None
-    idx = torch.stack([torch.cat(layer) for layer in calls])
-    return idx if idx.shape[1] == positions else None
 
 
 @contextlib.contextmanager
@@ -403,10 +413,11 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
             t, llm, arm = time.perf_counter(), None, {"engine": engine, "kernels": kernels}
             try:
                 with sliding_window(model, W - 1) if s.break_window else contextlib.nullcontext(), \
-                        routing_recorded(routers) as calls:
+                        RoutingRecord(routers) as record:
                     llm = make_llm(model, engine, kernels, prompt_len, s.decode, s.chunk)
+                    record.watch(getattr(llm.engine, "engine", llm.engine))  # CompiledSteps wraps the engine
                     arm["rows"], arm["tokens"] = run_arm(llm, prompt, s.decode)
-                arm["routing"] = routing(calls, positions)
+                arm["routing"] = record.routing(positions)
             except Exception as e:  # record and go on: one broken arm must not hide the others
                 arm["error"] = f"{type(e).__name__}: {e}\n{traceback.format_exc()[-2000:]}"
             if engine == "inductor" and "error" not in arm:

@@ -40,7 +40,7 @@ class EagerEngine:
         batch = batch.to(self.device)
         if feed is not None:
             feed.apply(batch.token_ids)
-        return self.paged.forward(self.arena.tensor, *batch.tensors())
+        return self.paged(self.arena.tensor, *batch.tensors())
 
     def release(self, seq_id: int) -> None:
         """Nothing to do: the runtime owns the pages."""
