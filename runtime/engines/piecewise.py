@@ -102,8 +102,8 @@ class Staging:
 class _Bucket:
     """A token bucket's captured segments and the static tensors they read and write."""
 
-    def __init__(self, tokens: int, segments: list, layers: list, tokpos: torch.Tensor, hidden: torch.Tensor):
-        self.tokens, self.segments, self.layers, self.tokpos, self.hidden = tokens, segments, layers, tokpos, hidden
+    def __init__(self, segments: list, layers: list, tokpos: torch.Tensor, hidden: torch.Tensor):
+        self.segments, self.layers, self.tokpos, self.hidden = segments, layers, tokpos, hidden
 
 
 class PiecewiseGraphs:
@@ -164,7 +164,7 @@ class PiecewiseGraphs:
             graph.capture_end()
             segments.append(graph)
         torch.cuda.current_stream(self.device).wait_stream(side)
-        self._buckets[tp] = _Bucket(tp, segments, layers, tokpos, hidden)
+        self._buckets[tp] = _Bucket(segments, layers, tokpos, hidden)
         return segments[0].pool()
 
     def reserve(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int) -> None:
