@@ -7,6 +7,10 @@
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
 #   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS]    defaults: 530 s, "e2b 31b"
+# .whl/ (git-ignored; ~8 MB), for the image's Python 3.12:
+#   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
+#     fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection \
+#     opentelemetry-api uvicorn httptools uvloop
 START=$SECONDS
 BUDGET=${1:-530}  # seconds for the whole call (a 9-minute device call, less its own start-up)
 ARMS=${2:-e2b 31b}
