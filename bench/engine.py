@@ -284,8 +284,7 @@ class PiecewiseAudit:
 
     def __call__(self, batch, seq_ids=(), feed=None):
         e = self.engine
-        decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
-        if e.piecewise is None or decode or not e.piecewise.covers(batch):
+        if e.piecewise is None or batch.is_decode or not e.piecewise.covers(batch):
             return self.step_fn(batch, seq_ids, feed)
         before = e.arena.tensor.clone()
         got = self.step_fn(batch, seq_ids, feed).clone()

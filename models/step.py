@@ -82,6 +82,11 @@ class StepBatch:
     def num_seqs(self) -> int:
         return int(self.kv_lens.shape[0])
 
+    @property
+    def is_decode(self) -> bool:
+        """One token per sequence, each with its logits row: the shape the decode graphs replay."""
+        return self.num_tokens == self.num_seqs == int(self.logits_rows.shape[0])
+
 
 def padding_batch(seqs: int, sliding_pages: int = 1, full_pages: int = 1, device="cpu") -> StepBatch:
     """`seqs` dummy sequences of one token each: token 0 at position 0, kv_len 1, slots -1 (it writes

@@ -13,7 +13,7 @@ supplies, so the runtime can schedule a step before it has seen the previous ste
 
 An engine may also offer `plan_batches(max_batch)`: the largest batch the scheduler admits, which
 LLM passes at construction (CUDA-graph buckets up to it, inductor.py), and
-`warmup(max_seqs, max_sliding_pages, max_full_pages)`: do before the first
+`warmup(max_seqs, max_sliding_pages, max_full_pages, max_tokens)`: do before the first
 request whatever a step of those bounds would otherwise do on first use (CUDA-graph capture); the
 service calls it before it reports ready (runtime/service/engine_loop.py). Eager engines need none.
 

@@ -141,24 +141,20 @@ class InductorEngine:
             # bit-equal (tests/test_engine_inductor.py).
             import torch._inductor.config as inductor_config
             inductor_config.emulate_precision_casts = True
-        per_layer = compile_mode and compile_scope == "layers"
-        step_model = _with_compiled_layers(model, compile_mode) if per_layer else model
+        whole_step = bool(compile_mode) and compile_scope == "step"  # one graph, attention calls inside it
+        step_model = _with_compiled_layers(model, compile_mode) if compile_mode and not whole_step else model
         # Padded token rows as the graphs replay them, except in the one graph of the "step" scope.
-        self.module = ArenaStep(PagedStep(step_model, geometry, pad_tokens=not (compile_mode and not per_layer)),
-                                self.arena.tensor)
-        self.compiled = (torch.compile(self.module, mode=compile_mode, dynamic=True)
-                         if compile_mode and not per_layer else self.module)
+        self.module = ArenaStep(PagedStep(step_model, geometry, pad_tokens=not whole_step), self.arena.tensor)
+        self.compiled = torch.compile(self.module, mode=compile_mode, dynamic=True) if whole_step else self.module
         self._graphs: dict[tuple[int, int, int], tuple[torch.cuda.CUDAGraph, list[DecodeInputs], DecodeInputs]] = {}
         self._pool = None
         self._logits: torch.Tensor | None = None  # [largest bucket, vocab] fp32, every graph's output
         self._turn = 0  # which of a bucket's two host buffers the next decode step fills
         self._rows = 0  # rows the logits buffer gets at the first capture: the widest bucket planned
         self.plan_batches(MAX_BATCH)
-        # Other steps of up to TOKEN_BUCKETS_UP_TO tokens replay segment graphs (piecewise.py); not with
-        # the "step" scope, whose one compiled graph has the attention calls inside it.
+        # Other steps of up to TOKEN_BUCKETS_UP_TO tokens replay segment graphs (piecewise.py).
         self.piecewise = (PiecewiseGraphs(self.module.paged, self.arena.tensor)
-                          if piecewise and self.device.type == "cuda" and not (compile_mode and not per_layer)
-                          else None)
+                          if piecewise and self.device.type == "cuda" and not whole_step else None)
 
     takes_feed = True
 
@@ -174,7 +170,7 @@ class InductorEngine:
     def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int, max_tokens: int = 0) -> int:
         """Capture every graph a scheduler within these bounds can ask for, so that no request waits for
         a capture (`g4rt serve` calls this before it reports ready): the decode graphs and, for steps of
-        up to `max_tokens` tokens, the piecewise token buckets; returns how many buckets.
+        up to `max_tokens` tokens, the piecewise token buckets; returns how many of both.
 
         A batch's sliding-table width comes from some request whose full table is at most the batch's
         full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur."""
@@ -191,7 +187,7 @@ class InductorEngine:
         tokens = ()
         if self.piecewise is not None and max_tokens:
             self.piecewise.reserve(max_seqs, max_sliding_pages, max_full_pages)
-            tokens = token_buckets(min(max_tokens, self.piecewise.max_tokens))
+            tokens = token_buckets(max_tokens)
             for t in tokens:
                 self._pool = self.piecewise.capture(t, self._pool)
         return len(keys) + len(tokens)
@@ -258,8 +254,7 @@ class InductorEngine:
     @torch.inference_mode()
     def step(self, batch: StepBatch, seq_ids: Sequence[int] = (), feed=None) -> torch.Tensor:
         """Logits of `batch` (a view valid until the next step); `feed` as in runtime.engines.Feed."""
-        decode = batch.num_tokens == batch.num_seqs == int(batch.logits_rows.shape[0])
-        if decode and batch.num_seqs <= self.buckets[-1] and self.device.type == "cuda":
+        if batch.is_decode and batch.num_seqs <= self.buckets[-1] and self.device.type == "cuda":
             return self._decode(batch, feed)
         if self.piecewise is not None and self.piecewise.covers(batch):
             self._pool = self.piecewise.capture(batch.num_tokens, self._pool)  # captured on first use

@@ -113,15 +113,15 @@ class PiecewiseGraphs:
 
     def __init__(self, paged, arena: torch.Tensor):
         self.paged, self.arena, self.device = paged, arena, arena.device
-        self.max_tokens = TOKEN_BUCKETS_UP_TO
         cfg = paged.model.config
         # per token, the most elements any layer's q (and so k, v, o: kv heads <= q heads) holds
         self._row = cfg.num_attention_heads * max(cfg.head_dim, cfg.global_head_dim)
         self._buckets: dict[int, _Bucket] = {}
         self.staging = Staging(self.device)
 
-    def covers(self, batch: StepBatch) -> bool:
-        return batch.num_tokens <= self.max_tokens
+    @staticmethod
+    def covers(batch: StepBatch) -> bool:
+        return batch.num_tokens <= TOKEN_BUCKETS_UP_TO
 
     def capture(self, tokens: int, pool):
         """Capture the bucket of `tokens` tokens (once); returns the graph memory pool to share."""
@@ -169,9 +169,9 @@ class PiecewiseGraphs:
 
     def reserve(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int) -> None:
         """Room in the staging buffers for the largest step within these bounds."""
-        sizes = {"tokens": self.max_tokens, "seqs": max_seqs, "rows": max_seqs,
+        sizes = {"tokens": TOKEN_BUCKETS_UP_TO, "seqs": max_seqs, "rows": max_seqs,
                  "sliding_pages": max_sliding_pages, "full_pages": max_full_pages}
-        self.staging.reserve(self.max_tokens, Staging.meta_size(math.prod(input_shape(n, sizes)) for n in META))
+        self.staging.reserve(TOKEN_BUCKETS_UP_TO, Staging.meta_size(math.prod(input_shape(n, sizes)) for n in META))
 
     def step(self, batch: StepBatch, feed=None) -> torch.Tensor:
         """Logits of `batch` (its bucket captured already, `capture`); `feed` as in engines.Feed."""
