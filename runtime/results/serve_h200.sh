@@ -58,7 +58,7 @@ arm() {
 }
 
 # E2B (h200_serve_final_e2b_host.log): build 12 s, warm-up (126 decode graphs, 12 piecewise buckets, the sampler
-# at 1..256 rows) 114 s, HTTP sweep 20 s, offline 23 s.
+# at 1..256 rows) 114 s, HTTP sweep 21 s, offline 23 s.
 if [[ " $ARMS " == *" e2b "* ]]; then
   arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
     "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
