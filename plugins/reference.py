@@ -224,11 +224,10 @@ def sample_ref(logits: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
 
     rows: int64 [5, R], per row temperature and top_p (float64 bits), top_k, seed, draw counter.
     Temperature 0: the first argmax of the logits. Otherwise s = logits * fp32(1 / T) (the reciprocal in
-    float64) and the token is the
-    first argmax over the kept set of s + G(seed, counter, id); kept are the entries whose cut key is
-    <= the k-th smallest key (top_k in 1..V-1; ties kept), and of those, with top_p < 1, the ones whose
-    likelier entries (strictly smaller key) weigh less than top_p of the kept mass. Sorts the keys: an
-    oracle, not a kernel."""
+    float64) and the token is the first argmax over the kept set of s + G(seed, counter, id); kept are
+    the entries whose cut key is <= the k-th smallest key (top_k in 1..V-1; ties kept), and of those,
+    with top_p < 1, the ones whose likelier entries (strictly smaller key) weigh less than top_p of the
+    kept mass. Sorts the keys: an oracle, not a kernel."""
     R, V = logits.shape
     temp, top_p = rows[0].view(torch.float64), rows[1].view(torch.float64)
     top_k, seeds, counters = rows[2], rows[3], rows[4]
