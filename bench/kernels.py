@@ -322,13 +322,13 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     the kernel's tokens must be in range and are compared with the torch reference (`sample_ref`, the
     oracle; `mismatches` counts rows that differ, expected 0 up to the GPU's approximate exp/log), the
     old sampler's greedy rows with the argmax; `correct`: the kernel's tokens all in range, at most 1 % of
-    rows differ. `old_in_range` says the same of the old sampler's tokens: its top-p path returned
-    2**63 - 1 for some of 256 rows (H200; on CPU 2 of 256: export/results/cpu_old_sampler_top_p.txt), a
-    bug the kernel replaced.
+    rows differ, and for greedy rows the old sampler's ids are the argmax. `old_in_range` says whether the
+    old sampler's tokens are in range (its top-p path can return 2**63 - 1:
+    export/results/cpu_old_sampler_top_p.txt).
     Then the arms alternate `reps` times, each timed over `calls` calls (`_events_ms`; both through
-    their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a CUDA-graph replay (`graph_ms`, no host cost), and at the
-    smallest and largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so
-    defaults can follow numbers."""
+    their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a
+    CUDA-graph replay (`graph_ms`, no host cost), and at the smallest and largest row count for other
+    tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults can follow numbers."""
     from g4rt.plugins import triton_sampling as ts
 
     old, new_sampler = OldSampler(), BatchSampler("triton")
