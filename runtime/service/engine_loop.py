@@ -30,13 +30,10 @@ def graph_bounds(llm: LLM) -> dict:
     """The largest decode batch, page-table widths and step token count this scheduler can produce
     (the engine's warm-up captures every graph within them)."""
     sched = llm.scheduler
-    geo = sched.geometry
-    max_len = llm.scheduler.max_model_len
-    pt_s, pt_f = geo.page_tokens["sliding"], geo.page_tokens["full"]
-    window = geo.layout.sliding.window
-    sliding = min(-(-max_len // pt_s), -(-(window - 1) // pt_s) + 1)
+    geo, max_len = sched.geometry, sched.max_model_len
+    sliding = min(geo.pages_for("sliding", max_len), geo.pages_for("sliding", geo.layout.sliding.window - 1) + 1)
     return {"max_seqs": sched.config.max_num_seqs, "max_sliding_pages": sliding,
-            "max_full_pages": -(-max_len // pt_f), "max_tokens": sched.config.max_num_batched_tokens}
+            "max_full_pages": geo.pages_for("full", max_len), "max_tokens": sched.config.max_num_batched_tokens}
 
 
 def warm_sampler(llm: LLM) -> None:
