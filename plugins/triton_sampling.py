@@ -38,6 +38,11 @@ import triton.language as tl
 from .reference import SAMPLE_KEY_MAX, SAMPLE_KEY_SCALE, SAMPLE_MASS_SCALE
 
 
+SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))
+KEY_MAX = tl.constexpr(SAMPLE_KEY_MAX)
+SCALE_MASS = tl.constexpr(float(SAMPLE_MASS_SCALE))
+
+
 @triton.jit
 def _scores(row_ptr, base, V, inv_temp, BLOCK: tl.constexpr):
     """(ids, in-range mask, scores logits * inv_temp; -inf past the vocabulary)."""
@@ -64,11 +69,6 @@ def _keys(s, ok, top):
     key = tl.minimum(d * SCALE_KEY, KEY_MAX).to(tl.int32)
     mass = (tl.exp(-d) * SCALE_MASS).to(tl.int32)
     return tl.where(ok, key, KEY_MAX + 1), mass
-
-
-SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))
-KEY_MAX = tl.constexpr(SAMPLE_KEY_MAX)
-SCALE_MASS = tl.constexpr(float(SAMPLE_MASS_SCALE))
 
 
 @triton.jit
@@ -118,7 +118,7 @@ def _kth_key(row_ptr, V, inv_t, top, hi, k, BLOCK: tl.constexpr, NB: tl.constexp
         counts = tl.zeros([NB, BLOCK], tl.int32)
         for base in range(0, V, BLOCK):
             idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
-            key, mass = _keys(s, ok, top)
+            key, _ = _keys(s, ok, top)
             counts += (key[None, :] <= bounds[:, None]).to(tl.int32)
         first = tl.min(tl.where(tl.sum(counts, 1) >= k, lanes, NB), 0)
         new_lo = tl.where(first == 0, lo, tl.sum(tl.where(lanes == first - 1, bounds, 0), 0) + 1)
@@ -205,6 +205,12 @@ def _chunk_max(ptr, r, S, SP: tl.constexpr):
 
 
 @triton.jit
+def _chunk_min(ptr, r, S, SP: tl.constexpr):
+    c = tl.arange(0, SP)
+    return tl.min(tl.load(ptr + r * S + c, mask=c < S, other=float("inf")), 0)
+
+
+@triton.jit
 def _key_of(row_ptr, win, inv_t, top, raced):
     """The cut key of candidate `win`, kept below the bound it was raced under (so bounds only fall)."""
     key, _ = _keys(tl.load(row_ptr + win).to(tl.float32) * inv_t, True, top)
@@ -269,9 +275,8 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V,
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
     RS = R * S
     if SPLIT:  # combine the chunks' first passes
-        c = tl.arange(0, SP)
         top = _chunk_max(part_ptr, r, S, SP)
-        bottom = tl.min(tl.load(part_ptr + RS + r * S + c, mask=c < S, other=float("inf")), 0)
+        bottom = _chunk_min(part_ptr + RS, r, S, SP)
         win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
     else:
         top, bottom, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
