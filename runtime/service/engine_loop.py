@@ -37,8 +37,8 @@ def graph_bounds(llm: LLM) -> dict:
 
 
 def warm_sampler(llm: LLM) -> None:
-    """Launch the sampler at every row count a step can have (1 .. max_num_seqs), greedy and nucleus
-    rows, so that none of its kernel variants compiles during serving: Triton compiles one per split
+    """Launch the sampler at every row count a step can have (1 .. max_num_seqs), rows without and with
+    top-p, so that none of its kernel variants compiles during serving: Triton compiles one per split
     count (a constexpr that falls with the row count), per row count that is 1, a multiple of 16 or
     neither, and with or without the top-p rounds. Only where the sampler runs Triton (CUDA)."""
     device = getattr(llm.engine, "device", None)
@@ -49,15 +49,14 @@ def warm_sampler(llm: LLM) -> None:
     for r in range(1, rows + 1):
         for top_p in (1.0, 0.9):
             llm.sampler(logits[:r], SamplingRows([1.0] * r, [0] * r, [top_p] * r, [0] * r, [0] * r))
-    del logits
 
 
 def warm_up(llm: LLM) -> float:
     """Everything a first request would otherwise pay for: the engine's own warm-up (every decode and
-    piecewise graph within `graph_bounds`), the sampler's kernels (`warm_sampler`), then prompts through the whole step path, each alone (a
-    single-sequence prefill) and all together (a multi-sequence prefill, mixed steps, decode), greedy and
-    sampled. Their lengths cover sizes compilers commonly specialise on (1, a multiple of 16 and not, a
-    full chunk). Returns the seconds it took.
+    piecewise graph within `graph_bounds`), the sampler's kernels (`warm_sampler`), then prompts through
+    the whole step path, each alone (a single-sequence prefill) and all together (a multi-sequence
+    prefill, mixed steps, decode), greedy and sampled. Their lengths cover sizes compilers commonly
+    specialise on (1, a multiple of 16 and not, a full chunk). Returns the seconds it took.
 
     On the H200 (runtime/results/README.md, the `g4rt serve` section) the first request after a warm-up
     of only the batch together still took 2.3 s to its first token against <= 70 ms for the next nine;
@@ -67,15 +66,14 @@ def warm_up(llm: LLM) -> float:
         llm.engine.warmup(**graph_bounds(llm))
     warm_sampler(llm)
     sched = llm.scheduler
-    max_len = llm.scheduler.max_model_len
-    vocab = sched.geometry.layout.config.vocab_size
+    max_len, vocab = sched.max_model_len, sched.geometry.layout.config.vocab_size
     lens = sorted({max(1, min(n, max_len - 4)) for n in (sched.config.chunk + 1, 48, 17, 2)}, reverse=True)
     prompts = [[(7 * i + 3) % vocab for i in range(n)] for n in lens]
     greedy = SamplingParams(max_new_tokens=3, ignore_eos=True)
     sampled = SamplingParams(max_new_tokens=3, temperature=1.0, top_k=5, seed=0, ignore_eos=True)
     for p in prompts:
         llm.generate([p], greedy)
-    llm.generate(prompts, [greedy, sampled] * (len(prompts) // 2) + [greedy] * (len(prompts) % 2))
+    llm.generate(prompts, [(greedy, sampled)[i % 2] for i in range(len(prompts))])
     seconds = time.perf_counter() - t0
     log.info("warm-up done in %.1f s", seconds)
     return seconds
