@@ -224,17 +224,17 @@ class Outputs:
             return None
         return {"content": lps} if spec.kind == "chat" else self._completion_logprobs(lps)
 
-    def _choice_body(self, c: Choice, text: str, ids: list[int], lps: list) -> dict:
+    def _choice_body(self, c: Choice, text: str) -> dict:
         """A response's choice (not streamed: streamed chunks are `_chunk`)."""
         spec = c.job.spec
-        logprobs = self._logprobs_value(spec, lps)
+        logprobs = self._logprobs_value(spec, c.lp_entries)
         if spec.kind == "chat":
             body = {"index": c.index, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
                     "finish_reason": c.finish_reason}
         else:
             body = {"index": c.index, "text": text, "logprobs": logprobs, "finish_reason": c.finish_reason}
         if spec.return_token_ids:
-            body["token_ids"] = ids
+            body["token_ids"] = c.token_ids
         return body
 
     def _chunk(self, c: Choice, text: str, ids: list[int], lps: list) -> bytes:
@@ -281,7 +281,7 @@ class Outputs:
             text = "".join(c.text)
             if job.spec.echo:
                 text = (job.spec.prompt_texts[c.prompt_index] or "") + text
-            choices.append(self._choice_body(c, text, c.token_ids, c.lp_entries))
+            choices.append(self._choice_body(c, text))
         body = {"id": job.id, "object": "chat.completion" if job.spec.kind == "chat" else "text_completion",
                 "created": job.created, "model": job.model, "choices": choices, "usage": self._usage(job)}
         if job.spec.return_token_ids:
