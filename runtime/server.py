@@ -101,7 +101,7 @@ class Server:
         self.exit_code = 1 if self.service.engine.failed else 0
         return self.exit_code
 
-    # ---- on a thread (tests) ------------------------------------------------------------------------
+    # ---- on a thread (tests, bench/api_cost.py) -----------------------------------------------------
     def start(self) -> "Server":
         self._thread = threading.Thread(target=self.run, name="g4rt-http", daemon=True)
         self._thread.start()
