@@ -382,9 +382,10 @@ def test_not_ready_until_warm_and_queue_limit(tiny):
 
 
 def test_warm_up_bounds_cover_every_step(tiny):
-    pt = tiny_llm(tiny).engine.geometry.page_tokens  # window 8: a decode step reads at most 2 sliding pages
-    assert graph_bounds(tiny_llm(tiny)) == {"max_seqs": 16, "max_sliding_pages": 2,
-                                            "max_full_pages": 4096 // pt["full"], "max_tokens": 128}
+    llm = tiny_llm(tiny)
+    pt = llm.engine.geometry.page_tokens  # window 8: a decode step reads at most 2 sliding pages
+    assert graph_bounds(llm) == {"max_seqs": 16, "max_sliding_pages": 2, "max_full_pages": 4096 // pt["full"],
+                                 "max_tokens": 128}
 
 
 def test_a_dead_engine_process_fails_in_flight_requests_and_the_service(tiny):
