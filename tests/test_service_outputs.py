@@ -75,9 +75,9 @@ def test_streamed_chunks_say_what_the_unstreamed_answer_says(ctx, kind, stops):
         assert all(c == sse(e) for c, e in zip(chunks, events)), trial  # canonical: what sse() writes
         expected = json.loads(whole)
         assert events[-1]["usage"] == expected["usage"]
+        assert all(e["id"] == events[0]["id"] and e["created"] == events[0]["created"] for e in events)
         for ch in expected["choices"]:
             mine = [c for e in events for c in e["choices"] if c["index"] == ch["index"]]
-            assert all(e["id"] == events[0]["id"] and e["created"] == events[0]["created"] for e in events)
             text = "".join(c["delta"]["content"] if kind == "chat" else c["text"] for c in mine)
             assert text == (ch["message"]["content"] if kind == "chat" else ch["text"]), trial
             if not stops:  # each choice's own tokens, decoded at once (a stop token does not show)
