@@ -232,6 +232,6 @@ class EngineLoop:
                 tr.sent = n
         pool = self.llm.pool
         stats = (len(s.running), len(s.waiting), len(s.seqs),
-                      sum(len(q.pages.sliding.frames) for q in s.running if q.pages),
-                      sum(len(q.pages.full.frames) for q in s.running if q.pages), pool.num_free, pool.num_frames)
+                 sum(len(q.pages.sliding.frames) for q in s.running if q.pages),
+                 sum(len(q.pages.full.frames) for q in s.running if q.pages), pool.num_free, pool.num_frames)
         self.conn.send(("out", updates, step_s, stats))
