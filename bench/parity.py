@@ -241,18 +241,20 @@ class CompiledSteps:
 
 
 def make_llm(model, engine: str, kernels: str, prompt_len: int, decode: int, chunk: int):
-    """A one-request runtime (greedy logits recorded) over `engine` ("eager" | "inductor") with `kernels`."""
+    """A one-request runtime (greedy logits recorded) over `engine` ("eager" | "inductor") with `kernels`,
+    and the PagedStep module its steps run (`RoutingRecord.watch`)."""
     cfg = SchedulerConfig(max_num_batched_tokens=chunk, chunk=chunk, max_num_seqs=1)
     model.set_kernels(kernels)
     geometry = PageGeometry.build(model.layout)
     frames = promise_for(geometry, prompt_len, decode + 1, chunk).frames
     if engine == "eager":
-        return LLM.paged(model, num_frames=frames, config=cfg, record_logits=True)
+        llm = LLM.paged(model, num_frames=frames, config=cfg, record_logits=True)
+        return llm, llm.engine.paged
     torch._dynamo.reset()  # a fresh compile per arm: no graphs of another size or kernels, no recompile limit
     torch._dynamo.utils.counters.clear()
     compiled = InductorEngine(model, geometry, frames)
-    return LLM(compiled if kernels == "triton" else CompiledSteps(compiled), frames, cfg,
-               eos_ids=model.config.eos_token_ids, record_logits=True)
+    return (LLM(compiled if kernels == "triton" else CompiledSteps(compiled), frames, cfg,
+                eos_ids=model.config.eos_token_ids, record_logits=True), compiled.module.paged)
 
 
 def run_arm(llm, prompt: list[int], decode: int) -> tuple[torch.Tensor, list[int]]:
@@ -282,9 +284,8 @@ class RoutingRecord:
             return record
         self._handles = [r.register_forward_hook(hook(i)) for i, r in enumerate(routers)]
 
-    def watch(self, engine) -> None:
-        """Count the tokens of each step `engine`'s PagedStep runs."""
-        paged = engine.paged if hasattr(engine, "paged") else engine.module.paged
+    def watch(self, paged: nn.Module) -> None:
+        """Count the tokens of each step the engine's PagedStep `paged` runs (args: arena, token_ids, ...)."""
         self._handles.append(paged.register_forward_pre_hook(lambda mod, args: self.steps.append(args[1].shape[0])))
 
     def routing(self, positions: int) -> torch.Tensor | None:
@@ -414,8 +415,8 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
             try:
                 with sliding_window(model, W - 1) if s.break_window else contextlib.nullcontext(), \
                         RoutingRecord(routers) as record:
-                    llm = make_llm(model, engine, kernels, prompt_len, s.decode, s.chunk)
-                    record.watch(getattr(llm.engine, "engine", llm.engine))  # CompiledSteps wraps the engine
+                    llm, paged = make_llm(model, engine, kernels, prompt_len, s.decode, s.chunk)
+                    record.watch(paged)
                     arm["rows"], arm["tokens"] = run_arm(llm, prompt, s.decode)
                 arm["routing"] = record.routing(positions)
             except Exception as e:  # record and go on: one broken arm must not hide the others
