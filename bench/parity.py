@@ -67,7 +67,7 @@ from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .common import log_json
+from .common import first_differences, log_json
 
 F32, F64 = torch.float32, torch.float64
 LOG = "parity.jsonl"
@@ -389,10 +389,6 @@ class Settings:
     device: str = "cuda"
 
 
-def first_difference(tokens: list[int], path: list[int]) -> int | None:
-    return next((i for i, (a, b) in enumerate(zip(tokens, path)) if a != b), None)
-
-
 def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
     """Every arm of one config against the oracle; returns the arm records (each has `pass`)."""
     t0 = time.perf_counter()
@@ -472,7 +468,7 @@ def check_size(cfg, name: str, s: Settings, log) -> list[dict]:
             continue
         oracle, hf32_err = refs["oracle"], refs["hf32_err"]
         # Row i saw prompt + tokens[:i]: rows are comparable up to the first token off the path.
-        diff = first_difference(arm["tokens"], path)
+        (diff,) = first_differences([arm["tokens"]], [path])
         m = n if diff is None else diff + 1
         rows = arm["rows"][:m].to(oracle.device)
         # Per row, so an error carried by one row shows as such; their max is `rel_err` of all the rows.
