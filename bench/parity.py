@@ -491,8 +491,8 @@ def memory_plan(cfg) -> dict[str, float]:
     HF's are the same tensors), the largest float64 unit of the streamed oracle, and `planned`, their sum
     plus 4 GiB of activations, caches and CUDA context. Measured peaks (models/results): E2B and E4B
     within 0.5 GiB of the first two's sum, 26B-A4B 2.5 GiB over it, the 31B 9.7 GiB over (134.6 GiB,
-    5.7 above `planned`), so the plan is a lower bound for the 31B, which runs alone under any limit
-    below two 31Bs anyway."""
+    5.7 above `planned`), so the plan is a lower bound for the 31B, which runs alone anyway under any
+    limit below its plan plus the smallest other size's (E2B: 128.9 + 38.7 GiB)."""
     from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     with torch.device("meta"):
