@@ -191,7 +191,7 @@ def test_max_blocks_bounds_every_routing(assignments, experts, block_m):
 
 @pytest.mark.parametrize("T,E,K", [(1, 128, 8), (6, 8, 2), (5, 6, 6)])
 def test_route_kernel_matches_model_routing(T, E, K):
-    """The one-launch routing kernel against models.model.route (HF's order): the same experts in the same
+    """The one-launch routing kernel against models.blocks.route (HF's order): the same experts in the same
     (descending-weight) order, weights within fp32 rounding."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.models.blocks import route
