@@ -74,14 +74,11 @@ def tiny_llm(d) -> LLM:
                      config=CONFIG)
 
 
-def test_llm(d, switches: Switches) -> LLM:
+def switched_llm(d, switches: Switches) -> LLM:
     """The engine process's builder (module-level: it is pickled to get there)."""
     llm = tiny_llm(d)
     llm.engine = TestEngine(llm.engine, switches)
     return llm
-
-
-test_llm.__test__ = False
 
 
 @pytest.fixture(scope="module")
@@ -94,7 +91,7 @@ def serving(tiny, wait_ready=True, hold_warmup=False, **cfg):
     sw = Switches()
     if hold_warmup:
         sw.warm.clear()
-    service = Service.from_dir(EngineSpec(functools.partial(test_llm, tiny, sw)), tiny,
+    service = Service.from_dir(EngineSpec(functools.partial(switched_llm, tiny, sw)), tiny,
                                ServiceConfig(**{"served_model_name": NAME, "read_timeout_s": 1.0, **cfg}))
     server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2).start()
     try:
