@@ -199,6 +199,7 @@ def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
         server.run = functools.partial(_profiled, server.run, f"{a.profile_loop}.{step_ms:g}")
     server.start()
     assert service.engine.ready.wait(120), "the engine never became ready"
+    httpx.get(server.url + "/ready")  # the server's event loop answers: its start-up is in no point's CPU
     m, pid = service.metrics, service.engine.proc.pid
     points = []
     for conc in a.concurrency:
@@ -208,7 +209,6 @@ def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
                "--waves", str(a.waves), "--input-len", str(a.input_len), "--output-len", str(a.output_len),
                "--len-spread", str(a.len_spread), "--vocab", "512", "--seed", str(a.seed),
                "--out", pt_path, "--requests-out", req_path]
-        httpx.get(server.url + "/ready")
         steps0, toks0 = _counter(m, "g4rt_step_seconds_count"), _counter(m, "g4rt_generation_tokens_total")
         c0, t0 = cpu_snapshot(pid), time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
