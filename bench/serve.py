@@ -230,8 +230,10 @@ def _point(args, kind: str, conc, rate, rep: int, num_prompts: int, res: dict) -
 
 
 def first_requests(args) -> dict:
-    """`--first-requests N` sequential requests right after readiness: is the first as fast as the Nth?"""
-    items = _workload(args)[:args.first_requests]
+    """`--first-requests N` sequential requests right after readiness: is the first as fast as the Nth?
+    All N have --input-len and --output-len exactly (no --len-spread): prompts of other lengths pad to
+    other token buckets, whose steps cost more or less, which would hide or fake a first-request stall."""
+    items = workload(args.first_requests, args.input_len, args.output_len, 0.0, args.vocab, args.seed)
     rs = [asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
                                 api_key=args.api_key)) for it in items]
     return _emit(args, {"bench": "serve", "mode": "first_requests", "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],

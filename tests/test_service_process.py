@@ -126,3 +126,33 @@ def test_sigterm_drains_streams_and_exits_0(server):
     assert "draining" in text
     engine_pid = int(re.search(r"engine process (\d+)", text).group(1))
     assert engine_pid != proc.pid and not os.path.exists(f"/proc/{engine_pid}")  # it exited and was reaped
+
+
+def test_compile_watch_names_what_compiled_after_it_started_and_puts_the_hook_back():
+    """The engine loop's watch counts Dynamo graphs and Triton kernel variants compiled after warm-up
+    (the interpreter compiles no kernel, so the JIT's hook is called here as the JIT calls it)."""
+    import types
+
+    import torch
+    import triton
+
+    from g4rt.runtime.service.engine_loop import CompileWatch
+
+    seen = []
+    before = triton.knobs.runtime.jit_post_compile_hook = lambda **kw: seen.append(kw["fn"].name)
+    try:
+        torch.compile(lambda x: x * 2 + 1, backend="eager")(torch.ones(3))  # compiled before the watch
+        watch = CompileWatch()
+        try:
+            assert watch.take() == []
+            torch.compile(lambda x: x - 3, backend="eager")(torch.ones(3))
+            triton.knobs.runtime.jit_post_compile_hook(key=(), repr="", fn=types.SimpleNamespace(name="_k"),
+                                                       compile={}, is_manual_warmup=False, already_compiled=False)
+            assert watch.take() == ["triton _k", "dynamo graph"]
+            assert watch.take() == [] and watch.total == 2
+            assert seen == ["_k"]  # the hook that was there still runs
+        finally:
+            watch.close()
+        assert triton.knobs.runtime.jit_post_compile_hook is before
+    finally:
+        triton.knobs.runtime.jit_post_compile_hook = None

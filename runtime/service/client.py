@@ -203,7 +203,10 @@ class EngineClient:
         m = self.metrics
         if step_s is not None:
             m.step.observe(step_s)
-        self.stats = stats = Stats._make(stats)
+        stats = Stats._make(stats)
+        if stats.compiles > self.stats.compiles:
+            m.compiles.inc(stats.compiles - self.stats.compiles)
+        self.stats = stats
         m.running.set(stats.running)
         m.waiting.set(stats.waiting)
         m.frames.labels("sliding", "used").set(stats.sliding_used)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import time
 
 import torch
@@ -79,6 +80,47 @@ def warm_up(llm: LLM) -> float:
     return seconds
 
 
+class CompileWatch:
+    """Counts kernel compilations after readiness, the stalls warm-up exists to prevent: every Triton
+    kernel variant compiled in this process (`triton.knobs.runtime.jit_post_compile_hook`; one per new
+    specialisation of a launch's constexprs, pointer alignments and integer arguments) and every graph
+    Dynamo compiles (Inductor's own kernels are compiled with their graph). `take()` names those since
+    the last call; the engine loop logs them with the step that paid for them, and /metrics counts them."""
+
+    def __init__(self):
+        self.total = 0
+        self._new: list[str] = []
+        self._graphs = self._dynamo_graphs()
+        self._chained = self._runtime = None
+        try:
+            import triton
+        except ImportError:  # no Triton: nothing of ours compiles kernels
+            return
+        self._runtime = triton.knobs.runtime
+        self._chained, self._runtime.jit_post_compile_hook = self._runtime.jit_post_compile_hook, self._triton
+
+    def close(self) -> None:
+        """Put back the hook that was there before."""
+        if self._runtime is not None and self._runtime.jit_post_compile_hook == self._triton:
+            self._runtime.jit_post_compile_hook = self._chained
+
+    @staticmethod
+    def _dynamo_graphs() -> int:
+        dynamo = sys.modules.get("torch._dynamo")  # never imported: nothing was compiled through it
+        return dynamo.utils.counters["stats"]["unique_graphs"] if dynamo is not None else 0
+
+    def _triton(self, *, fn, **kw):
+        self._new.append(f"triton {fn.name}")
+        return self._chained(fn=fn, **kw) if self._chained else None
+
+    def take(self) -> list[str]:
+        graphs = self._dynamo_graphs()
+        new, self._new = self._new + ["dynamo graph"] * (graphs - self._graphs), []
+        self._graphs = graphs
+        self.total += len(new)
+        return new
+
+
 def engine_main(conn, spec: EngineSpec, log_level: int) -> None:
     """The engine process's entry point (multiprocessing, "spawn": CUDA cannot be used after a fork)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -126,23 +168,36 @@ class EngineLoop:
     def serve(self) -> None:
         with torch.inference_mode():
             warmup_s = warm_up(self.llm)
-            self._publish([], None)  # the KV pool's size and state before any request
-            self.conn.send(("ready", warmup_s))
-            while self._take(block=not self.llm.has_unfinished()):
-                if self._deadline is not None and time.monotonic() >= self._deadline:
-                    self._deadline = None  # once: the server refuses new requests while it drains
-                    for rid in list(self._tracked):
-                        self.llm.cancel(rid)
-                if not self.llm.has_unfinished():
-                    self._publish(self.llm.take_finished(), None)
-                    continue
-                t0 = time.perf_counter()
-                try:
-                    finished = self.llm.step()
-                except Exception:
-                    log.exception("engine step failed; its requests end with an error, the service goes on")
-                    finished = self._fail_running()
-                self._publish(finished, time.perf_counter() - t0)
+            self._compiles = CompileWatch()
+            try:
+                self._publish([], None)  # the KV pool's size and state before any request
+                self.conn.send(("ready", warmup_s))
+                self._loop()
+            finally:
+                self._compiles.close()
+
+    def _loop(self) -> None:
+        while self._take(block=not self.llm.has_unfinished()):
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._deadline = None  # once: the server refuses new requests while it drains
+                for rid in list(self._tracked):
+                    self.llm.cancel(rid)
+            if not self.llm.has_unfinished():
+                self._publish(self.llm.take_finished(), None)
+                continue
+            t0 = time.perf_counter()
+            try:
+                finished = self.llm.step()
+            except Exception:
+                log.exception("engine step failed; its requests end with an error, the service goes on")
+                finished = self._fail_running()
+            step_s = time.perf_counter() - t0
+            compiled = self._compiles.take()
+            if compiled:
+                sched = self.llm.scheduler
+                log.warning("compiled after readiness, in a step of %.1f ms (%d running, %d waiting): %s",
+                            step_s * 1e3, len(sched.running), len(sched.waiting), ", ".join(compiled))
+            self._publish(finished, step_s)
 
     def _take(self, block: bool) -> bool:
         """Handle the commands that came in (waiting for one when `block`); False once told to stop or
@@ -233,5 +288,6 @@ class EngineLoop:
         pool = self.llm.pool
         stats = (len(s.running), len(s.waiting), len(s.seqs),
                  sum(len(q.pages.sliding.frames) for q in s.running if q.pages),
-                 sum(len(q.pages.full.frames) for q in s.running if q.pages), pool.num_free, pool.num_frames)
+                 sum(len(q.pages.full.frames) for q in s.running if q.pages), pool.num_free, pool.num_frames,
+                 self._compiles.total)
         self.conn.send(("out", updates, step_s, stats))

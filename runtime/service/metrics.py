@@ -27,6 +27,8 @@ class Metrics:
         self.running = Gauge(p + "num_requests_running", "requests in the running batch", registry=r)
         self.waiting = Gauge(p + "num_requests_waiting", "requests queued for admission", registry=r)
         self.frames = Gauge(p + "kv_frames", "KV arena frames by cache group and state", ["group", "state"], registry=r)
+        self.compiles = Counter(p + "compiles_after_ready", "kernels and graphs compiled after warm-up (each one a "
+                                "stall of the step that compiled it)", registry=r)
         self.ready = Gauge(p + "ready", "1 once warm-up is done and the service accepts requests", registry=r)
 
     def render(self) -> bytes:

@@ -70,3 +70,4 @@ class Stats(NamedTuple):
     full_used: int = 0
     free: int = 0
     total: int = 0
+    compiles: int = 0  # kernels and graphs compiled after readiness (engine_loop.CompileWatch)
