@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-import g4rt.plugins.ops  # noqa: F401  (registers torch.ops.g4rt.*)
+from g4rt.plugins.ops import implementations  # importing it registers torch.ops.g4rt.*
 from g4rt.plugins.buckets import token_bucket
 from g4rt.plugins.reference import window_left
 
@@ -44,15 +44,19 @@ class PagedStep(nn.Module):
         self.functional = functional
         self.pad_tokens = pad_tokens
 
+    def _groups(self, kv_lens, sliding_table, sliding_first, sliding_slots, full_table, full_slots) -> dict:
+        """Per layer kind (sliding or not): its page table, first logical pages, slots and page tokens."""
+        full_first = torch.zeros_like(kv_lens)  # the full group always starts at logical page 0
+        page = self.geometry.page_tokens
+        return {True: (sliding_table, sliding_first, sliding_slots, page["sliding"]),
+                False: (full_table, full_first, full_slots, page["full"])}
+
     def attention_over(self, arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots, full_table,
                        full_slots):
         """The model's `attention(layer, q, k, v)` callback over `arena` for one step's metadata, and the
-        dict whose "arena" is the arena after its writes (a new tensor when functional). The inductor
-        engine's piecewise graphs call it between their captured segments (runtime/engines/piecewise.py)."""
+        dict whose "arena" is the arena after its writes (a new tensor when functional)."""
         geo = self.geometry
-        full_first = torch.zeros_like(kv_lens)  # the full group always starts at logical page 0
-        groups = {True: (sliding_table, sliding_first, sliding_slots, geo.page_tokens["sliding"]),
-                  False: (full_table, full_first, full_slots, geo.page_tokens["full"])}
+        groups = self._groups(kv_lens, sliding_table, sliding_first, sliding_slots, full_table, full_slots)
         state = {"arena": arena}
         kernels = self.model.kernels
 
@@ -67,6 +71,28 @@ class PagedStep(nn.Module):
             return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, k_off, v_off,
                                                   page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
         return attention, state
+
+    def attention_into(self, arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots, full_table,
+                       full_slots):
+        """`attention_over`'s callback as `attend(layer, q, k, v, out)`, writing its output into `out`, for
+        an eager caller outside any tracing (the piecewise graphs between their captured segments,
+        runtime/engines/piecewise.py): the same kernels, called as plain functions
+        (plugins.ops.implementations) instead of through the dispatcher, twice per layer per step.
+        In place only: the functional arena is export's."""
+        if self.functional:
+            raise ValueError("attention_into writes the arena in place; this PagedStep is functional")
+        geo = self.geometry
+        groups = self._groups(kv_lens, sliding_table, sliding_first, sliding_slots, full_table, full_slots)
+        write, attend = implementations(self.model.kernels)
+
+        def attention(layer: LayerKV, q, k, v, out):
+            table, first, slots, page = groups[layer.sliding]
+            k_off, v_off = geo.layer_offsets(layer.index)
+            if k is not None:
+                write(arena, k, v, slots, k_off, v_off, page)
+            return attend(q, arena, cu_q, kv_lens, table, first, k_off, v_off, page, layer.num_kv_heads,
+                          window_left(layer.window), 1.0, out=out)
+        return attention
 
     def forward(self, arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
                 full_table, full_slots, logits_rows):

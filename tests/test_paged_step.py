@@ -86,6 +86,7 @@ def test_paged_step_equals_linear_cache(model):
     arena = torch.full((40, geo.frame_elems), float("nan"))
     paged, functional = PagedStep(model, geo), PagedStep(model, geo, functional=True)
     linear = LinearCache()
+    arena_into = arena.clone()  # the same steps through attention_into (the piecewise graphs' callback)
     g = torch.Generator().manual_seed(0)
     prompt = {sid: torch.randint(3, 512, (n,), generator=g).tolist() for sid, n in ((0, 16), (1, 6), (2, 9))}
     # (seq, how many tokens) per step: chunked prefill, a late joiner, then decode together.
@@ -108,9 +109,20 @@ def test_paged_step_equals_linear_cache(model):
         assert torch.equal(fl, out)
         assert torch.equal(new_arena.nan_to_num(7.0), arena.nan_to_num(7.0))
         assert not out.isnan().any()
+        attend = paged.attention_into(arena_into, *batch.tensors()[2:-1])
+
+        def into(layer, q, k, v):
+            o = torch.full_like(q, float("nan"))  # poisoned: every row must be written
+            assert attend(layer, q, k, v, o) is o
+            return o
+        hidden = model(batch.token_ids, batch.positions, into)
+        assert torch.equal(model.logits(hidden[batch.logits_rows.long()]), out)
+        assert torch.equal(arena_into.nan_to_num(7.0), arena.nan_to_num(7.0))
         checked += 1
         for (sid, toks, p0), nxt in zip(seqs, out.argmax(-1).tolist()):
             pos[sid] = p0 + len(toks)
             if not pending[sid]:
                 pending[sid] = [nxt]
+    with pytest.raises(ValueError, match="functional"):
+        functional.attention_into(arena, *batch.tensors()[2:-1])
     assert max(pos.values()) > 3 * geo.layout.sliding.window  # several windows: sliding pages were recycled

@@ -10,7 +10,8 @@ token's row is computed from that row alone, MoE routing included), so that part
 number of tokens: padded to a bucket T' >= T (token 0 at position 0 in the padded rows) it can be
 replayed from a graph captured once per bucket (`token_bucket`; the eager engines pad to the same
 rows, plugins/buckets.py says why). The attention call (K/V write, paged attention) runs
-eagerly on the real T rows with the step's real metadata, reading its q/k/v from static buffers the
+eagerly on the real T rows with the step's real metadata (its kernels called as plain functions,
+not through the dispatcher: models/paged.py `attention_into`), reading its q/k/v from static buffers the
 segment before it wrote and writing its output into the static buffer the segment after it reads.
 This is vLLM's piecewise CUDA graph, over the model's own attention callback (models/paged.py).
 
@@ -137,7 +138,7 @@ class PiecewiseGraphs:
         with torch.cuda.stream(side):
             for _ in range(2):  # compile the pieces for this shape and warm up outside capture
                 self.paged(self.arena, *dummy)
-            attend, _ = self.paged.attention_over(self.arena, *dummy[2:-1])
+            attend = self.paged.attention_into(self.arena, *dummy[2:-1])
             segments, layers = [], []
             graph = torch.cuda.CUDAGraph()
             graph.capture_begin(pool=pool)
@@ -154,7 +155,8 @@ class PiecewiseGraphs:
                 q, k, v = static("q", q), static("k", k), static("v", v)  # captured: the segment's outputs
                 graph.capture_end()
                 segments.append(graph)
-                o = static("o", attend(layer, q, k, v))  # eager, between the captures
+                o = bufs["o"][: q.numel()].view(q.shape)
+                attend(layer, q, k, v, o)  # eager, between the captures
                 layers.append((layer, q, k, v, o))
                 graph = torch.cuda.CUDAGraph()
                 graph.capture_begin(pool=segments[0].pool())
@@ -180,9 +182,9 @@ class PiecewiseGraphs:
         meta = self.staging.stage(batch, b.tokpos)
         if feed is not None:
             feed.apply(b.tokpos[0, :t])
-        attend, _ = self.paged.attention_over(self.arena, *meta[:-1])
+        attend = self.paged.attention_into(self.arena, *meta[:-1])
         for segment, (layer, q, k, v, o) in zip(b.segments, b.layers):
             segment.replay()
-            o[:t].copy_(attend(layer, q[:t], None if k is None else k[:t], None if v is None else v[:t]))
+            attend(layer, q[:t], None if k is None else k[:t], None if v is None else v[:t], o[:t])
         b.segments[-1].replay()
         return self.paged.model.logits(b.hidden.index_select(0, meta[-1].long()))

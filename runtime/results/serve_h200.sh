@@ -44,6 +44,9 @@ arm() {
   say "$name: ready ($(grep -o '"warmup_s":[0-9.]*' "$d/ready.json"))"; rm -f "$d/ready.json"
   # the offline arm runs after the drain and takes about as long as the HTTP sweep: give each half
   local sweep=$(( (end - SECONDS) / 2 )); [ "$sweep" -lt 5 ] && sweep=5  # (timeout 0 would mean none)
+  # two series of ten sequential first requests, each from a fresh client process (an idle gap before each)
+  timeout 30 python3 -m g4rt.bench.serve --url "$url" $w --first-requests 10 --concurrency "" --out "$d/serve.jsonl" \
+    | cut -c1-160
   timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --first-requests 10 \
     --out "$d/serve.jsonl" | cut -c1-160
   say "$name: HTTP sweep exit ${PIPESTATUS[0]}"
