@@ -232,11 +232,17 @@ def _point(args, kind: str, conc, rate, rep: int, num_prompts: int, res: dict) -
 def first_requests(args) -> dict:
     """`--first-requests N` sequential requests right after readiness: is the first as fast as the Nth?
     All N have --input-len and --output-len exactly (no --len-spread): prompts of other lengths pad to
-    other token buckets, whose steps cost more or less, which would hide or fake a first-request stall."""
+    other token buckets, whose steps cost more or less, which would hide or fake a first-request stall.
+    With --idle-gap S the client waits S seconds before each: whether a request after the server sat idle
+    pays more than one right after another, whatever came before it."""
     items = workload(args.first_requests, args.input_len, args.output_len, 0.0, args.vocab, args.seed)
-    rs = [asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
-                                api_key=args.api_key)) for it in items]
-    return _emit(args, {"bench": "serve", "mode": "first_requests", "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],
+    rs = []
+    for it in items:
+        time.sleep(args.idle_gap)
+        rs.append(asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
+                                        api_key=args.api_key)))
+    return _emit(args, {"bench": "serve", "mode": "first_requests", "idle_gap_s": args.idle_gap,
+                        "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],
                         "e2e_ms": [r["e2e_ms"]["p50"] for r in rs], "tpot_ms": [r["tpot_ms"]["p50"] for r in rs]})
 
 
@@ -321,6 +327,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--repeat", type=int, default=1, help="run the whole sweep this many times")
     p.add_argument("--first-requests", type=int, default=0,
                    help="first send this many sequential requests (TTFT of each: the first vs the last)")
+    p.add_argument("--idle-gap", type=float, default=0.0,
+                   help="seconds the client waits before each of the --first-requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")
     p.add_argument("--requests-out", default=None,

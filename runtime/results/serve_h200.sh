@@ -6,7 +6,7 @@
 # wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
-#   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS]    defaults: 530 s, "e2b 31b"
+#   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS] [E2B_SWEEPS]    defaults: 530 s, "e2b 31b", 3
 # .whl/ (git-ignored; ~8 MB), for the image's Python 3.12:
 #   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection \
@@ -14,6 +14,7 @@
 START=$SECONDS
 BUDGET=${1:-530}  # seconds for the whole call (a 9-minute device call, less its own start-up)
 ARMS=${2:-e2b 31b}
+E2B_REPEAT=${3:-3}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site || { echo "wheels did not install"; exit 1; }
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt && export PYTHONPATH=/tmp/pkg:$PYTHONPATH PYTHONUNBUFFERED=1
@@ -44,11 +45,12 @@ arm() {
   say "$name: ready ($(grep -o '"warmup_s":[0-9.]*' "$d/ready.json"))"; rm -f "$d/ready.json"
   # the offline arm runs after the drain and takes about as long as the HTTP sweep: give each half
   local sweep=$(( (end - SECONDS) / 2 )); [ "$sweep" -lt 5 ] && sweep=5  # (timeout 0 would mean none)
-  # two series of ten sequential first requests, each from a fresh client process (an idle gap before each)
+  # the first ten sequential requests after readiness, then five with the server idle for 1 s before each
   timeout 30 python3 -m g4rt.bench.serve --url "$url" $w --first-requests 10 --concurrency "" --out "$d/serve.jsonl" \
     | cut -c1-160
-  timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --first-requests 10 \
+  timeout 30 python3 -m g4rt.bench.serve --url "$url" $w --first-requests 5 --idle-gap 1 --concurrency "" \
     --out "$d/serve.jsonl" | cut -c1-160
+  timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --out "$d/serve.jsonl" | cut -c1-160
   say "$name: HTTP sweep exit ${PIPESTATUS[0]}"
   local metrics=$(curl -s "$url/metrics" | grep -E "^g4rt_((step_seconds|time_to_first|request_queue)_(sum|count)|step_seconds_bucket|compiles_after_ready_total)")
   kill -TERM $host; wait $host; echo "host exit $?" | tee -a "$d/host.log"
@@ -64,7 +66,7 @@ arm() {
 # at 1..256 rows) 114 s, HTTP sweep 21 s, offline 23 s.
 if [[ " $ARMS " == *" e2b "* ]]; then
   arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
-    "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
+    "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat $E2B_REPEAT"
 fi
 # The 31B (h200_serve_final_31b_host.log, one sweep): build 10 s, warm-up 67 s, HTTP sweep 21 s, offline 20 s.
 if [[ " $ARMS " == *" 31b "* ]]; then
