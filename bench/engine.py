@@ -360,6 +360,37 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
     return out
 
 
+@torch.inference_mode()
+def first_launches(engine: InductorEngine, keys, tokens) -> list[dict]:
+    """Host and wall milliseconds of the first three launches of freshly captured graphs: the decode
+    graphs of `keys` and the piecewise segments of token buckets `tokens` (all of a bucket's segments
+    back to back, no attention between them). Host: the launch call itself; wall: to the GPU's end.
+    Why: a CUDA graph's first launch also uploads it to the device, unless warm-up launched it, and
+    the service's first request after readiness took 3-7 ms longer than the tenth (runtime/results)."""
+    def three(launch) -> dict:
+        host, wall = [], []
+        for _ in range(3):
+            sync()
+            t0 = time.perf_counter()
+            launch()
+            t1 = time.perf_counter()
+            sync()
+            host.append(round((t1 - t0) * 1e3, 3))
+            wall.append(round((time.perf_counter() - t0) * 1e3, 3))
+        return {"host_ms": host, "wall_ms": wall}
+
+    out = []
+    for key in keys:
+        graph = engine._graph_for(key)[0]
+        out.append({"stage": "first_launches", "graph": "decode", "key": list(key), **three(graph.replay)})
+    for t in tokens:
+        engine._pool = engine.piecewise.capture(t, engine._pool)
+        segments = engine.piecewise._buckets[t].segments
+        out.append({"stage": "first_launches", "graph": "piecewise segments", "tokens": t,
+                    "segments": len(segments), **three(lambda: [g.replay() for g in segments])})
+    return out
+
+
 def prefill_flops(model, prompt_len: int) -> float:
     """FLOPs of one prompt's prefill: 2 per matmul weight per token (the lm_head for the last row only),
     plus attention's over the keys each query sees."""
@@ -507,6 +538,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each throughput arm")
     ap.add_argument("--sampler", action="store_true", help="time the sampler at 256 rows, old vs new "
                     "(python -m g4rt.bench.kernels --sampler times it without building a model)")
+    ap.add_argument("--first-launches", action="store_true",
+                    help="only time the first three launches of fresh decode graphs and piecewise segments "
+                         "(first_launches), on an inductor engine of its own")
     ap.add_argument("--stop-after", type=float, default=0.0,
                     help="seconds after which the throughput stages still to run are skipped (0: none)")
     a = ap.parse_args(argv)
@@ -531,6 +565,12 @@ def main(argv=None) -> int:
             log(r)
         return 0
     geometry = PageGeometry.build(model.layout)
+    if a.first_launches:
+        engine = InductorEngine(model, geometry, 64, None if a.compile_mode == "none" else a.compile_mode,
+                                a.compile_scope, a.piecewise)
+        for r in first_launches(engine, [(1, 16, 8), (8, 16, 8), (64, 16, 8), (1, 1, 1)], [128, 256]):
+            log(r)
+        return 0
     cfg = SchedulerConfig.for_device("cuda", max_num_seqs=max(batches, default=1))
     frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, cfg.chunk).frames for _ in range(cfg.max_num_seqs)) + 8
     if a.staggered:
