@@ -173,7 +173,12 @@ class InductorEngine:
         up to `max_tokens` tokens, the piecewise token buckets; returns how many of both.
 
         A batch's sliding-table width comes from some request whose full table is at most the batch's
-        full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur."""
+        full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur.
+
+        Each graph is also launched once here: the first launch of a CUDA graph uploads it to the device
+        (cudaGraphLaunch does what cudaGraphUpload would have), host time that, on the H200's E2B, made
+        the first request after readiness 3-7 ms slower to its first token than the tenth (its first
+        decode graph launched while its prefill ran; runtime/results/README.md)."""
         if self.device.type != "cuda":
             return 0
         pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]
@@ -232,6 +237,7 @@ class InductorEngine:
             with torch.cuda.graph(graph, pool=self._pool):
                 self._logits[:b].copy_(self.compiled(*device.views))
             self._pool = graph.pool()
+            graph.replay()  # on the dummy batch: its first launch, which uploads it (see warmup)
             self._graphs[key] = (graph, hosts, device)
         return self._graphs[key]
 
