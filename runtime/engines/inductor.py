@@ -175,10 +175,10 @@ class InductorEngine:
         A batch's sliding-table width comes from some request whose full table is at most the batch's
         full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur.
 
-        Each graph is also launched once here: the first launch of a CUDA graph uploads it to the device
-        (cudaGraphLaunch does what cudaGraphUpload would have), host time that, on the H200's E2B, made
-        the first request after readiness 3-7 ms slower to its first token than the tenth (its first
-        decode graph launched while its prefill ran; runtime/results/README.md)."""
+        Each graph is launched once when captured (on its dummy inputs): the first launch of a CUDA graph
+        also uploads it to the device, 0.8-1.6 ms more host time than a later launch on the H200
+        (`bench.engine --first-launches`, export/results), which the first request to use a graph would
+        otherwise pay; for the E2B's 126 decode graphs and 12 token buckets that is ~0.6 s of warm-up."""
         if self.device.type != "cuda":
             return 0
         pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]
@@ -237,7 +237,7 @@ class InductorEngine:
             with torch.cuda.graph(graph, pool=self._pool):
                 self._logits[:b].copy_(self.compiled(*device.views))
             self._pool = graph.pool()
-            graph.replay()  # on the dummy batch: its first launch, which uploads it (see warmup)
+            graph.replay()  # on the dummy batch: the first launch uploads the graph (warmup says why)
             self._graphs[key] = (graph, hosts, device)
         return self._graphs[key]
 

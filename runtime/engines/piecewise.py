@@ -165,7 +165,7 @@ class PiecewiseGraphs:
             hidden = model(tokpos[0], tokpos[1], attention)
             graph.capture_end()
             segments.append(graph)
-            for g in segments:  # their first launches, which upload them (InductorEngine.warmup says why)
+            for g in segments:  # the first launch uploads a graph (InductorEngine.warmup says why)
                 g.replay()
         torch.cuda.current_stream(self.device).wait_stream(side)
         self._buckets[tp] = _Bucket(segments, layers, tokpos, hidden)
