@@ -15,15 +15,8 @@ mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt
 export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
 T0=$SECONDS
 nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu.txt"
-run_part() {  # run_part NAME CAP_S COMMAND...
-  local name=$1 cap=$2; shift 2
-  local left=$((BUDGET - (SECONDS - T0) - 10)); local limit=$((cap < left ? cap : left))
-  [ "$limit" -lt 30 ] && { echo "[pw] skip $name"; return 0; }
-  echo "[pw] $(date +%T) start $name (limit $limit s)"
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "[pw] $(date +%T) end $name: rc $? at $((SECONDS - T0)) s"
-  grep -v '"trace"' "$OUT/$name.log" | grep '"stage"' | cut -c1-300 | tail -8
-}
+TAG=pw
+source export/results/run_part.sh
 run_part e2b_pw 170 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b_pw" --skip-hf --batches 1,8 \
   --new-tokens 32 --staggered --ttft 128,2048 --ttft-chunks 2048
 run_part e2b_nopw 90 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b_nopw" --skip-hf --batches "" \

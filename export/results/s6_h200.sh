@@ -18,15 +18,8 @@ export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
 T0=$SECONDS
 left() { echo $((BUDGET - (SECONDS - T0))); }
 OUT="$OUT/serve" bash runtime/results/serve_h200.sh "$(( $(left) < 215 ? $(left) : 215 ))" e2b
-run_part() {  # run_part NAME CAP_S COMMAND...
-  local name=$1 cap=$2; shift 2
-  local l=$(( $(left) - 10 )); local limit=$((cap < l ? cap : l))
-  [ "$limit" -lt 30 ] && { echo "[s6] skip $name"; return 0; }
-  echo "[s6] $(date +%T) start $name (limit $limit s)"
-  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "[s6] $(date +%T) end $name: rc $? at $((SECONDS - T0)) s"
-  grep -v '"trace"' "$OUT/$name.log" | grep '"stage"' | cut -c1-300 | tail -8
-}
+TAG=s6
+source export/results/run_part.sh
 run_part e2b 150 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b" --skip-hf --batches 1 \
   --new-tokens 32 --staggered --profile --ttft 128,2048 --ttft-chunks 2048
 run_part 31b 400 python3 -m g4rt.bench.engine --config 31b --out "$OUT/31b" --skip-hf --batches "" \

@@ -1,0 +1,12 @@
+# Sourced by the device-call scripts here (pw_h200.sh, s6_h200.sh); they set OUT, BUDGET, T0 and TAG.
+# run_part NAME CAP_S COMMAND...: run COMMAND with at most CAP_S seconds, and no more than the call's
+# budget leaves (less 10 s), its output in $OUT/NAME.log; print the records' stages when it ends.
+run_part() {
+  local name=$1 cap=$2; shift 2
+  local left=$((BUDGET - (SECONDS - T0) - 10)); local limit=$((cap < left ? cap : left))
+  [ "$limit" -lt 30 ] && { echo "[$TAG] skip $name"; return 0; }
+  echo "[$TAG] $(date +%T) start $name (limit $limit s)"
+  timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
+  echo "[$TAG] $(date +%T) end $name: rc $? at $((SECONDS - T0)) s"
+  grep -v '"trace"' "$OUT/$name.log" | grep '"stage"' | cut -c1-300 | tail -8
+}
