@@ -98,3 +98,26 @@ def test_only_small_token_id_bodies_are_prepared_on_the_event_loop():
     assert not prepare.cheap(ids, len(ids) - 1)  # too big: the prepare pool
     assert not prepare.cheap(json.dumps({"prompt": "5, 6", "max_tokens": 2}).encode(), 1024)  # text to tokenize
     assert not prepare.cheap(json.dumps({"prompt": ["a"]}).encode(), 1024)
+
+
+def test_streams_that_start_or_end_are_delivered_before_the_others(ctx):
+    """One step's chunks reach the event loop new and ending streams first, each job's in its order."""
+    loop = asyncio.new_event_loop()
+    try:
+        body = json.dumps({"prompt": [5, 6, 7], "max_tokens": 4, "stream": True}).encode()
+        jobs = [Job(prepare.completion(body, ctx), "tiny", loop, ctx.tokenizer) for _ in range(3)]
+        out = Outputs(ctx.tokenizer, Metrics(), lambda cids: None)
+        out.apply([(jobs[0].choices[0], Update(0, [9], None)), (jobs[2].choices[0], Update(2, [9], None))])
+        loop.run_until_complete(asyncio.sleep(0))  # jobs 0 and 2 are under way
+        delivered = []
+        for j in jobs:
+            j.push = lambda payload, j=j: delivered.append((jobs.index(j), payload))
+        out.apply([(jobs[0].choices[0], Update(0, [10], None)),  # under way
+                   (jobs[1].choices[0], Update(1, [11], None)),  # its first token
+                   (jobs[2].choices[0], Update(2, [12], None, "length"))])  # its last
+        loop.run_until_complete(asyncio.sleep(0))  # the posted callback runs
+        order = [i for i, _ in delivered]
+        assert order == [1, 2, 2, 2, 0], order  # job 2: its chunk, [DONE], the end; then job 0
+        assert delivered[3] == (2, None) and delivered[2][1] == b"data: [DONE]\n\n"
+    finally:
+        loop.close()

@@ -102,24 +102,33 @@ class Outputs:
 
     def apply(self, updates: list[tuple[Choice, Update]], accepted: list = ()) -> None:
         """Format a step's updates and post them, with `accepted` jobs' (job, error or None), to the
-        event loop in one call."""
+        event loop in one call. Streams that start or end this step go before the others: a first token
+        (time to first token) and a last one (a closed-loop client's cue for its next request) then
+        wait for no other stream's write."""
         posts: dict[asyncio.AbstractEventLoop, list] = {}
         for job, err in accepted:
             posts.setdefault(job.loop, []).append((job, "accepted", err))
+        items: dict[Job, list] = {}  # in the order they came, per job
+        urgent: set[Job] = set()
         try:
             tokens = 0
             for (c, u), texts in zip(updates, self._decode(updates)):
                 tokens += len(u.token_ids)
-                items = self._apply(c, u, texts)
-                if items:
-                    posts.setdefault(c.job.loop, []).extend(items)
+                first = not c.last_sent
+                out = self._apply(c, u, texts)
+                if out:
+                    items.setdefault(c.job, []).extend(out)
+                    if first or c.job.finished:
+                        urgent.add(c.job)
             if tokens:
                 self.metrics.generation_tokens.inc(tokens)
         except Exception:  # a formatting bug must not take the service down: fail that batch's jobs
             log.exception("formatting a step's output failed")
             for c, _ in updates:
-                posts.setdefault(c.job.loop, []).extend(
-                    self._fail(c.job, APIError(500, "internal error while formatting output")))
+                err = APIError(500, "internal error while formatting output")
+                items.setdefault(c.job, []).extend(self._fail(c.job, err))
+        for job in sorted(items, key=lambda j: j not in urgent):  # stable: the urgent ones first, in order
+            posts.setdefault(job.loop, []).extend(items[job])
         _post(posts)
 
     def fail(self, jobs, err: APIError) -> None:
