@@ -178,7 +178,8 @@ class InductorEngine:
         Each graph is launched once when captured (on its dummy inputs): the first launch of a CUDA graph
         also uploads it to the device, 0.8-1.6 ms more host time than a later launch on the H200
         (`bench.engine --first-launches`, export/results), which the first request to use a graph would
-        otherwise pay; for the E2B's 126 decode graphs and 12 token buckets that is ~0.6 s of warm-up."""
+        otherwise pay. By the same numbers (3-5 ms per launch) that adds ~0.6 s to the E2B's warm-up of
+        126 decode graphs and 12 token buckets."""
         if self.device.type != "cuda":
             return 0
         pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]

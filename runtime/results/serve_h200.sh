@@ -14,7 +14,7 @@
 START=$SECONDS
 BUDGET=${1:-530}  # seconds for the whole call (a 9-minute device call, less its own start-up)
 ARMS=${2:-e2b 31b}
-E2B_REPEAT=${3:-3}
+E2B_SWEEPS=${3:-3}
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
   && export PYTHONPATH=/tmp/site || { echo "wheels did not install"; exit 1; }
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt && export PYTHONPATH=/tmp/pkg:$PYTHONPATH PYTHONUNBUFFERED=1
@@ -66,7 +66,7 @@ arm() {
 # at 1..256 rows) 114 s, HTTP sweep 21 s, offline 23 s.
 if [[ " $ARMS " == *" e2b "* ]]; then
   arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
-    "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat $E2B_REPEAT"
+    "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat $E2B_SWEEPS"
 fi
 # The 31B (h200_serve_final_31b_host.log, one sweep): build 10 s, warm-up 67 s, HTTP sweep 21 s, offline 20 s.
 if [[ " $ARMS " == *" 31b "* ]]; then
