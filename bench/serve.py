@@ -25,6 +25,7 @@ import asyncio
 import json
 import random
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
@@ -229,20 +230,49 @@ def _point(args, kind: str, conc, rate, rep: int, num_prompts: int, res: dict) -
             "len_spread": args.len_spread, **res}
 
 
+SERVER_SUMS = ("g4rt_time_to_first_token_seconds_sum", "g4rt_request_queue_time_seconds_sum")
+
+
+def server_sums(url: str) -> dict[str, float] | None:
+    """The sums of the service's TTFT and queue-time histograms (/metrics), or None if it has none."""
+    try:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    sums = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in SERVER_SUMS:
+            sums[name] = float(value)
+    return sums if len(sums) == len(SERVER_SUMS) else None
+
+
 def first_requests(args) -> dict:
     """`--first-requests N` sequential requests right after readiness: is the first as fast as the Nth?
     All N have --input-len and --output-len exactly (no --len-spread): prompts of other lengths pad to
     other token buckets, whose steps cost more or less, which would hide or fake a first-request stall.
     With --idle-gap S the client waits S seconds before each: whether a request after the server sat idle
-    pays more than one right after another, whatever came before it."""
+    pays more than one right after another, whatever came before it.
+    The service's own view of each, from its /metrics after each request (they run one at a time):
+    `server_ttft_ms` from its arrival in the API process to its first token there, `queue_ms` from its
+    arrival in the engine to its first step. The client's TTFT less `server_ttft_ms` is the client and
+    the connection; `server_ttft_ms` less `queue_ms` is the way to the engine and back and the prefill."""
     items = workload(args.first_requests, args.input_len, args.output_len, 0.0, args.vocab, args.seed)
-    rs = []
+    rs, server = [], {name: [] for name in SERVER_SUMS}
+    before = server_sums(args.url)
     for it in items:
         time.sleep(args.idle_gap)
         rs.append(asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
                                         api_key=args.api_key)))
+        after = server_sums(args.url)
+        for name in SERVER_SUMS:
+            server[name].append(None if before is None or after is None
+                                else round((after[name] - before[name]) * 1e3, 3))
+        before = after
     return _emit(args, {"bench": "serve", "mode": "first_requests", "idle_gap_s": args.idle_gap,
                         "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],
+                        "server_ttft_ms": server[SERVER_SUMS[0]], "queue_ms": server[SERVER_SUMS[1]],
                         "e2e_ms": [r["e2e_ms"]["p50"] for r in rs], "tpot_ms": [r["tpot_ms"]["p50"] for r in rs]})
 
 

@@ -99,6 +99,23 @@ def test_a_50mb_body_is_refused_at_once_while_a_stream_keeps_its_pace(server):
     assert r.ok and r.output_tokens == 200 and max(gaps) < 0.5, max(gaps)
 
 
+def test_first_requests_split_each_ttft_with_the_servers_metrics(server):
+    """bench serve --first-requests: the service's own TTFT and queue time of each sequential request
+    (from /metrics deltas) lie within the client's TTFT, and each request is counted once."""
+    import argparse
+
+    from g4rt.bench import serve as bs
+
+    _, url, _ = server
+    p = argparse.ArgumentParser()
+    bs.add_arguments(p)
+    args = p.parse_args(["--url", url, "--first-requests", "3", "--input-len", "8", "--output-len", "2",
+                         "--vocab", "200", "--concurrency", ""])
+    rec = bs.first_requests(args)
+    for client, api, queue in zip(rec["ttft_ms"], rec["server_ttft_ms"], rec["queue_ms"]):
+        assert 0 < queue < api < client, rec
+
+
 def _send_quietly(sock, data) -> None:
     try:
         sock.sendall(data)
