@@ -8,15 +8,10 @@
 #     3 alternated reps, with the piecewise graphs; (2) the same TTFT arms without them
 #     (--no-piecewise) in a fresh process; (3) `g4rt serve` of the E2B against offline,
 #     runtime/results/serve_h200.sh's e2b arm, with what is left.
-set -u
-: "${OUT:?OUT must name the results directory}"
 BUDGET=${1:-540}
-mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt
-export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
-T0=$SECONDS
-nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 TAG=pw
-source export/results/run_part.sh
+source export/results/device_call.sh
+nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$OUT/gpu.txt"
 run_part e2b_pw 170 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b_pw" --skip-hf --batches 1,8 \
   --new-tokens 32 --staggered --ttft 128,2048 --ttft-chunks 2048
 run_part e2b_nopw 90 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b_nopw" --skip-hf --batches "" \

@@ -10,16 +10,11 @@
 #     2,048 tokens (chunk 2,048, piecewise graphs, 3 alternated reps); (3) the 31B inductor engine: time to
 #     first token of 2,048 and 8,192 tokens at chunks 2,048 and 8,192, decode step wall vs replay at
 #     batch 1, 64, 128, 256.
-set -u
-: "${OUT:?OUT must name the results directory}"
 BUDGET=${1:-570}
-mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt
-export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
-T0=$SECONDS
+TAG=s6
+source export/results/device_call.sh
 left() { echo $((BUDGET - (SECONDS - T0))); }
 OUT="$OUT/serve" bash runtime/results/serve_h200.sh "$(( $(left) < 215 ? $(left) : 215 ))" e2b
-TAG=s6
-source export/results/run_part.sh
 run_part e2b 150 python3 -m g4rt.bench.engine --config e2b --out "$OUT/e2b" --skip-hf --batches 1 \
   --new-tokens 32 --staggered --profile --ttft 128,2048 --ttft-chunks 2048
 run_part 31b 400 python3 -m g4rt.bench.engine --config 31b --out "$OUT/31b" --skip-hf --batches "" \

@@ -1,6 +1,13 @@
-# Sourced by the device-call scripts here (pw_h200.sh, s6_h200.sh); they set OUT, BUDGET, T0 and TAG.
+# Sourced by the device-call scripts here (pw_h200.sh, s6_h200.sh) after they set BUDGET (seconds for
+# the whole call) and TAG (their log prefix): checks OUT, links this checkout as the package `g4rt`,
+# starts the call's clock (T0) and defines
 # run_part NAME CAP_S COMMAND...: run COMMAND with at most CAP_S seconds, and no more than the call's
 # budget leaves (less 10 s), its output in $OUT/NAME.log; print the records' stages when it ends.
+set -u
+: "${OUT:?OUT must name the results directory}"
+mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt
+export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
+T0=$SECONDS
 run_part() {
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - (SECONDS - T0) - 10)); local limit=$((cap < left ? cap : left))
