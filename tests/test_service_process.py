@@ -3,6 +3,7 @@ running stream, SIGTERM draining (the engine process gone after it). The client 
 (raw asyncio HTTP/1.1)."""
 from __future__ import annotations
 
+import argparse
 import asyncio
 import os
 import re
@@ -16,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from g4rt.bench.serve import request
+from g4rt.bench.serve import add_arguments, first_requests, request
 
 BODY = {"prompt": "Hello héllo", "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}}
@@ -101,17 +102,13 @@ def test_a_50mb_body_is_refused_at_once_while_a_stream_keeps_its_pace(server):
 
 def test_first_requests_split_each_ttft_with_the_servers_metrics(server):
     """bench serve --first-requests: the service's own TTFT and queue time of each sequential request
-    (from /metrics deltas) lie within the client's TTFT, and each request is counted once."""
-    import argparse
-
-    from g4rt.bench import serve as bs
-
+    (from /metrics deltas) lie within the client's TTFT (a delta that took in another request's would not)."""
     _, url, _ = server
     p = argparse.ArgumentParser()
-    bs.add_arguments(p)
+    add_arguments(p)
     args = p.parse_args(["--url", url, "--first-requests", "3", "--input-len", "8", "--output-len", "2",
                          "--vocab", "200", "--concurrency", ""])
-    rec = bs.first_requests(args)
+    rec = first_requests(args)
     for client, api, queue in zip(rec["ttft_ms"], rec["server_ttft_ms"], rec["queue_ms"]):
         assert 0 < queue < api < client, rec
 
