@@ -57,16 +57,12 @@ class DecodeInputs:
     def __init__(self, b: int, ms: int, mf_: int, device="cpu", pin: bool = False):
         sizes_of = {"tokens": b, "seqs": b, "rows": b, "sliding_pages": ms, "full_pages": mf_}
         shapes = {name: input_shape(name, sizes_of) for name in StepBatch.names()}
-        self._sizes = [math.prod(s) for s in shapes.values()]
-        self._shapes = list(shapes.values())
-        self.flat = torch.empty(sum(self._sizes), dtype=torch.int32, device=device, pin_memory=pin)
-        self.views = self._views(self.flat)
+        sizes = [math.prod(s) for s in shapes.values()]
+        self.flat = torch.empty(sum(sizes), dtype=torch.int32, device=device, pin_memory=pin)
+        self.views = [v.view(shape) for v, shape in zip(self.flat.split(sizes), shapes.values())]
         self.fields = dict(zip(shapes, self.views))
         # Every row a dummy one (padding_batch), built once: `fill` copies it in one op, then the real rows.
         self._padding = torch.cat([t.reshape(-1) for t in padding_batch(b, ms, mf_).tensors()])
-
-    def _views(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        return [v.view(shape) for v, shape in zip(flat.split(self._sizes), self._shapes)]
 
     def fill(self, batch: StepBatch | None) -> None:
         """Write `batch` (n <= b sequences of one token each; None: no sequence) and pad the rest."""
