@@ -362,11 +362,12 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
 
 @torch.inference_mode()
 def first_launches(engine: InductorEngine, keys, tokens) -> list[dict]:
-    """Host and wall milliseconds of the first three launches of freshly captured graphs: the decode
-    graphs of `keys` and the piecewise segments of token buckets `tokens` (all of a bucket's segments
-    back to back, no attention between them). Host: the launch call itself; wall: to the GPU's end.
-    Why: a CUDA graph's first launch also uploads it to the device, unless warm-up launched it, and
-    the service's first request after readiness took 3-7 ms longer than the tenth (runtime/results)."""
+    """Host and wall milliseconds of three launches right after capture: the decode graphs of `keys`
+    and the piecewise segments of token buckets `tokens` (all of a bucket's segments back to back, no
+    attention between them). Host: the launch call itself; wall: to the GPU's end.
+    Why: a CUDA graph's first launch also uploads it to the device. Before the capture itself launched
+    each graph once (code 334d964, export/results) these were the first three launches, and the first
+    cost 0.8-1.6 ms more; since, they are the second to fourth, and alike if the capture paid it."""
     def three(launch) -> dict:
         host, wall = [], []
         for _ in range(3):
@@ -539,7 +540,7 @@ def main(argv=None) -> int:
     ap.add_argument("--sampler", action="store_true", help="time the sampler at 256 rows, old vs new "
                     "(python -m g4rt.bench.kernels --sampler times it without building a model)")
     ap.add_argument("--first-launches", action="store_true",
-                    help="only time the first three launches of fresh decode graphs and piecewise segments "
+                    help="only time three launches of freshly captured decode graphs and piecewise segments "
                          "(first_launches), on an inductor engine of its own")
     ap.add_argument("--stop-after", type=float, default=0.0,
                     help="seconds after which the throughput stages still to run are skipped (0: none)")
