@@ -1,12 +1,15 @@
 #!/bin/bash
 # One H200 call (<= 9 min): g4rt serve (random checkpoint, inductor engine, the engine in its own process)
 # under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
-# warmed-up LLM in the service's engine process. E2B at concurrency 1,8,64,256 (3 sweeps), then, if the
-# time left allows, the 31B at the same (3 sweeps). Run from the repository root with the serve extra's
+# warmed-up LLM in the service's engine process, at concurrency 1,8,64,256, for each arm of ARMS in turn:
+# e2b, e4b, 31b (E2B_SWEEPS sweeps for the small models, 3 for the 31B), and any of them with the suffix
+# -unpaced (the engine loop without pacing, `--unpaced`) for an A/B in the same call. An arm starts only
+# if the time left allows it. Run from the repository root with the serve extra's
 # wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
 #   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS] [E2B_SWEEPS]    defaults: 530 s, "e2b 31b", 3
+#   e.g. bash runtime/results/serve_h200.sh 580 "e2b e2b-unpaced" 4
 # .whl/ (git-ignored; ~8 MB), for the image's Python 3.12:
 #   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection \
@@ -59,22 +62,23 @@ arm() {
   local engine=$(grep -o "engine process [0-9]*" "$d/host.log" | head -1 | cut -d" " -f3)
   [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null && kill -KILL "$engine" && say "$name: killed the engine process $engine"
   say "$name: done; $(cat "$d/serve.jsonl" 2>/dev/null | wc -l) HTTP and $(cat "$d/offline.jsonl" 2>/dev/null | wc -l) offline records"
-  grep -E "warm-up done|draining|Traceback|Error" "$d/host.log" | head -8
+  grep -E "warm-up done|draining|scheduled by|Traceback|Error" "$d/host.log" | head -8
 }
 
 # E2B (h200_serve_final_e2b_host.log): build 12 s, warm-up (126 decode graphs, 12 piecewise buckets, the sampler
-# at 1..256 rows) 114 s, HTTP sweep 21 s, offline 23 s.
-if [[ " $ARMS " == *" e2b "* ]]; then
-  arm e2b "$(( $(left) < 270 ? $(left) : 270 ))" "--config e2b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 16" \
-    "--waves 6 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat $E2B_SWEEPS"
-fi
-# The 31B (h200_serve_final_31b_host.log, one sweep): build 10 s, warm-up 67 s, HTTP sweep 21 s, offline 20 s.
-if [[ " $ARMS " == *" 31b "* ]]; then
-  if [ "$(left)" -ge 200 ]; then
-    arm 31b "$(( $(left) - 5 ))" "--config 31b --max-num-seqs 256 --max-model-len 256 --chunk 512 --kv-gib 48" \
-      "--waves 2 --input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256 --repeat 3"
-  else
-    say "31b: skipped, $(left) s left (needs >= 200; run it alone: bash $0 530 31b)"
-  fi
-fi
+# at 1..256 rows) 114 s, HTTP sweep 21 s, offline 23 s; an arm of 5 sweeps fits in 270 s. The 31B
+# (h200_serve_final_31b_host.log, one sweep): build 10 s, warm-up 67 s, HTTP sweep 21 s, offline 20 s.
+HOST="--max-num-seqs 256 --max-model-len 256 --chunk 512"
+LOAD="--input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256"
+for a in $ARMS; do
+  model=${a%-unpaced}; flags=""; [ "$a" != "$model" ] && flags="--unpaced"
+  case $model in
+    e2b|e4b) need=200; cap=270; host="--config $model $HOST --kv-gib 16 $flags"; w="--waves 6 $LOAD --repeat $E2B_SWEEPS" ;;
+    31b) need=200; cap=100000; host="--config 31b $HOST --kv-gib 48 $flags"; w="--waves 2 $LOAD --repeat 3" ;;
+    *) say "unknown arm $a"; continue ;;
+  esac
+  if [ "$(left)" -lt "$need" ]; then say "$a: skipped, $(left) s left (needs >= $need)"; continue; fi
+  limit=$(( $(left) - 5 )); [ "$limit" -gt "$cap" ] && limit=$cap
+  arm "$a" "$limit" "$host" "$w"
+done
 say "all done"
