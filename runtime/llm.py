@@ -100,6 +100,12 @@ class Pacing:
     def committed(self, step: ScheduledStep, device_s: float) -> None:
         self.device_s.setdefault(_kind(step), deque(maxlen=self.keep)).append(device_s)
 
+    def __str__(self) -> str:
+        kinds = ", ".join(f"{'decode' if d else 'prefill'} <={2 ** b}: {min(t) * 1e3:.2f}"
+                          for (d, b), t in sorted(self.device_s.items()))
+        return (f"host launch ms (last {len(self.host_s)}): max {max(self.host_s, default=0) * 1e3:.2f}; "
+                f"least device ms by tokens: {kinds or 'none'}")
+
     def plan(self, in_flight: ScheduledStep | None, started_at: float | None) -> None:
         """`in_flight`: the step on the device; `started_at`: when it started there, if known."""
         times = self.device_s.get(_kind(in_flight)) if in_flight is not None else None

@@ -194,8 +194,8 @@ class EngineLoop:
         finally:
             if steps:
                 log.info("%d steps, %d of them scheduled by the device's pace (LLM.launch_by); %.3f ms "
-                         "between publishing a step and scheduling the next, on average", steps, paced,
-                         self._waited_s / steps * 1e3)
+                         "between publishing a step and scheduling the next, on average; %s", steps, paced,
+                         self._waited_s / steps * 1e3, self.llm.pacing)
 
     def _iterate(self, t0: float | None) -> bool:
         """One pass after reading the pipe: a step (True), or only the outputs of what ended."""
