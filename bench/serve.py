@@ -230,22 +230,30 @@ def _point(args, kind: str, conc, rate, rep: int, num_prompts: int, res: dict) -
             "len_spread": args.len_spread, **res}
 
 
-SERVER_SUMS = ("g4rt_time_to_first_token_seconds_sum", "g4rt_request_queue_time_seconds_sum")
+SERVER_SUMS = {"server_ttft": "g4rt_time_to_first_token_seconds_sum", "queue": "g4rt_request_queue_time_seconds_sum",
+               "api_cpu": "process_cpu_seconds_total"}
 
 
 def server_sums(url: str) -> dict[str, float] | None:
-    """The sums of the service's TTFT and queue-time histograms (/metrics), or None if it has none."""
+    """The sums of the service's TTFT and queue-time histograms and its API process's CPU seconds
+    (/metrics), by the keys of SERVER_SUMS; None if it has not all of them."""
     try:
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
             text = r.read().decode()
     except OSError:
         return None
-    sums = {}
-    for line in text.splitlines():
-        name, _, value = line.partition(" ")
-        if name in SERVER_SUMS:
-            sums[name] = float(value)
-    return sums if len(sums) == len(SERVER_SUMS) else None
+    values = dict(line.partition(" ")[::2] for line in text.splitlines() if not line.startswith("#"))
+    try:
+        return {key: float(values[name]) for key, name in SERVER_SUMS.items()}
+    except KeyError:
+        return None
+
+
+def server_delta(before: dict | None, after: dict | None, key: str, per: int = 1) -> float | None:
+    """Milliseconds of `key`'s sum between two `server_sums`, per `per` requests."""
+    if before is None or after is None or per == 0:
+        return None
+    return round((after[key] - before[key]) / per * 1e3, 3)
 
 
 def first_requests(args) -> dict:
@@ -259,20 +267,19 @@ def first_requests(args) -> dict:
     arrival in the engine to its first step. The client's TTFT less `server_ttft_ms` is the client and
     the connection; `server_ttft_ms` less `queue_ms` is the way to the engine and back and the prefill."""
     items = workload(args.first_requests, args.input_len, args.output_len, 0.0, args.vocab, args.seed)
-    rs, server = [], {name: [] for name in SERVER_SUMS}
+    rs, server = [], {"server_ttft": [], "queue": []}
     before = server_sums(args.url)
     for it in items:
         time.sleep(args.idle_gap)
         rs.append(asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
                                         api_key=args.api_key)))
         after = server_sums(args.url)
-        for name in SERVER_SUMS:
-            server[name].append(None if before is None or after is None
-                                else round((after[name] - before[name]) * 1e3, 3))
+        for key in server:
+            server[key].append(server_delta(before, after, key))
         before = after
     return _emit(args, {"bench": "serve", "mode": "first_requests", "idle_gap_s": args.idle_gap,
                         "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],
-                        "server_ttft_ms": server[SERVER_SUMS[0]], "queue_ms": server[SERVER_SUMS[1]],
+                        "server_ttft_ms": server["server_ttft"], "queue_ms": server["queue"],
                         "e2e_ms": [r["e2e_ms"]["p50"] for r in rs], "tpot_ms": [r["tpot_ms"]["p50"] for r in rs]})
 
 
@@ -289,8 +296,14 @@ def sweep(args) -> list[dict]:
                 asyncio.run(run_point(args.url, args.model, items[:args.warmup_prompts], concurrency=conc or 1,
                                       rate=None, seed=args.seed, api_key=args.api_key))
             records = [] if args.requests_out else None
+            before = server_sums(args.url)
             res = asyncio.run(run_point(args.url, args.model, items, concurrency=conc, rate=rate, seed=args.seed,
                                         api_key=args.api_key, records=records))
+            after = server_sums(args.url)  # the service's view: mean TTFT and queue time, its API process's CPU
+            cpu_ms = server_delta(before, after, "api_cpu")
+            res.update(server_ttft_ms_mean=server_delta(before, after, "server_ttft", res["completed"]),
+                       queue_ms_mean=server_delta(before, after, "queue", res["completed"]),
+                       api_cpu_s=None if cpu_ms is None else cpu_ms / 1e3)
             out.append(_emit(args, _point(args, kind, conc, rate, rep, len(items), res)))
             if records:
                 with open(args.requests_out, "a") as f:

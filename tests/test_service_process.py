@@ -17,7 +17,7 @@ import time
 import httpx
 import pytest
 
-from g4rt.bench.serve import add_arguments, first_requests, request
+from g4rt.bench.serve import add_arguments, first_requests, request, sweep
 
 BODY = {"prompt": "Hello héllo", "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}}
@@ -100,9 +100,10 @@ def test_a_50mb_body_is_refused_at_once_while_a_stream_keeps_its_pace(server):
     assert r.ok and r.output_tokens == 200 and max(gaps) < 0.5, max(gaps)
 
 
-def test_first_requests_split_each_ttft_with_the_servers_metrics(server):
-    """bench serve --first-requests: the service's own TTFT and queue time of each sequential request
-    (from /metrics deltas) lie within the client's TTFT (a delta that took in another request's would not)."""
+def test_bench_serve_splits_ttft_with_the_servers_metrics(server):
+    """bench serve: the service's own TTFT and queue time (from /metrics deltas) lie within the client's
+    TTFT, for each sequential request of --first-requests (a delta that took in another request's would
+    not) and on average over a sweep point, which also records the API process's CPU seconds."""
     _, url, _ = server
     p = argparse.ArgumentParser()
     add_arguments(p)
@@ -111,6 +112,11 @@ def test_first_requests_split_each_ttft_with_the_servers_metrics(server):
     rec = first_requests(args)
     for client, api, queue in zip(rec["ttft_ms"], rec["server_ttft_ms"], rec["queue_ms"]):
         assert 0 < queue < api < client, rec
+    args = p.parse_args(["--url", url, "--num-prompts", "12", "--input-len", "8", "--output-len", "4",
+                         "--vocab", "200", "--concurrency", "4"])
+    rec, = sweep(args)
+    assert rec["completed"] == 12 and 0 < rec["queue_ms_mean"] < rec["server_ttft_ms_mean"] < rec["ttft_ms"]["mean"], rec
+    assert 0 <= rec["api_cpu_s"] < rec["duration_s"] * os.cpu_count(), rec
 
 
 def _send_quietly(sock, data) -> None:

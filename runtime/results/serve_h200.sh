@@ -55,7 +55,7 @@ arm() {
     --out "$d/serve.jsonl" | cut -c1-160
   timeout "$sweep" python3 -m g4rt.bench.serve --url "$url" $w --num-prompts 10 --out "$d/serve.jsonl" | cut -c1-160
   say "$name: HTTP sweep exit ${PIPESTATUS[0]}"
-  local metrics=$(curl -s "$url/metrics" | grep -E "^g4rt_((step_seconds|time_to_first|request_queue)_(sum|count)|step_seconds_bucket|compiles_after_ready_total)")
+  local metrics=$(curl -s "$url/metrics" | grep -E "^(g4rt_((step_seconds|time_to_first_token_seconds|request_queue_time_seconds)_(sum|count)|step_seconds_bucket|compiles_after_ready_total)|process_cpu_seconds_total)")
   kill -TERM $host; wait $host; echo "host exit $?" | tee -a "$d/host.log"
   echo "$metrics" >> "$d/host.log"  # three files per arm: the device returns at most 8
   # a host killed by its time limit leaves its engine process (running the offline arm) behind: end it

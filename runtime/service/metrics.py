@@ -1,7 +1,7 @@
 """Prometheus metrics of one service (its own registry, so several services can live in one process)."""
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
 
 _LATENCY = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5, 5.0,
             10.0, 20.0, 40.0, 80.0)
@@ -30,6 +30,7 @@ class Metrics:
         self.compiles = Counter(p + "compiles_after_ready", "kernels and graphs compiled after warm-up (each one a "
                                 "stall of the step that compiled it)", registry=r)
         self.ready = Gauge(p + "ready", "1 once warm-up is done and the service accepts requests", registry=r)
+        ProcessCollector(registry=r)  # the API process's process_cpu_seconds_total, memory, open fds (Linux)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
