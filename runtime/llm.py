@@ -10,15 +10,9 @@ tokens filled on the device from step n's sampled ids, scheduler.py), and only t
 n's ids (one device-to-host copy of the whole step's tokens) and commits them, so scheduling, input
 building and output processing of one step run while the device computes the next. Engines that
 cannot take device-supplied tokens (`takes_feed` false) run one step at a time.
-
-With the step loop overlapped, a caller that has other work (the service reads new requests) can
-also ask `launch_by()` when the next step must be scheduled for the device not to go idle: it times
-each step on the device (CUDA events), so scheduling as late as that takes in the requests that
-arrived while the device ran, rather than leaving them for the step after.
 """
 from __future__ import annotations
 
-import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -64,7 +58,6 @@ class _Launched:
     done: torch.cuda.Event | None  # None on CPU: the copy is complete when it returns
     logits: torch.Tensor | None = None  # the step's logits rows on the host, when recorded
     logprobs: tuple | None = None  # (rows, chosen, top values, top ids) on the host, when requested
-    start: torch.cuda.Event | None = None  # recorded before the step's first kernel (CUDA): its device time
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -72,47 +65,6 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     event has completed."""
     cuda = t.device.type == "cuda"
     return torch.empty(t.shape, dtype=t.dtype, pin_memory=cuda).copy_(t, non_blocking=cuda)
-
-
-def _kind(step: ScheduledStep) -> tuple[bool, int]:
-    """Steps alike in device time: decode only or not, and the power of two at or above the token count."""
-    n = step.batch.num_tokens
-    return n == step.batch.num_seqs, (n - 1).bit_length()
-
-
-class Pacing:
-    """When the next step must be scheduled so that the device, running the step launched last, never
-    waits for it. The in-flight step started on the device when the host's wait for the step before it
-    ended (known only when that wait was real: otherwise the device may have been idle, so no estimate);
-    it takes the least device time of the last `keep` steps of its kind (`_kind`); the host needs the
-    most of its last `keep` times from scheduling to launched, plus `margin_s`. Underestimating the
-    slack only brings back the unpaced loop."""
-
-    def __init__(self, keep: int = 8, margin_s: float = 5e-4):
-        self.keep, self.margin_s = keep, margin_s
-        self.device_s: dict[tuple, deque] = {}
-        self.host_s: deque[float] = deque(maxlen=keep)
-        self.launch_by: float | None = None
-
-    def launched(self, host_s: float) -> None:
-        self.host_s.append(host_s)
-
-    def committed(self, step: ScheduledStep, device_s: float) -> None:
-        self.device_s.setdefault(_kind(step), deque(maxlen=self.keep)).append(device_s)
-
-    def __str__(self) -> str:
-        kinds = ", ".join(f"{'decode' if d else 'prefill'} <={2 ** b}: {min(t) * 1e3:.2f}"
-                          for (d, b), t in sorted(self.device_s.items()))
-        return (f"host launch ms (last {len(self.host_s)}): max {max(self.host_s, default=0) * 1e3:.2f}; "
-                f"least device ms by tokens: {kinds or 'none'}")
-
-    def plan(self, in_flight: ScheduledStep | None, started_at: float | None) -> None:
-        """`in_flight`: the step on the device; `started_at`: when it started there, if known."""
-        times = self.device_s.get(_kind(in_flight)) if in_flight is not None else None
-        if started_at is None or not times or not self.host_s:
-            self.launch_by = None
-        else:
-            self.launch_by = started_at + min(times) - max(self.host_s) - self.margin_s
 
 
 class LLM:
@@ -134,10 +86,6 @@ class LLM:
             engine.plan_batches(config.max_num_seqs)  # e.g. CUDA-graph buckets up to what is admitted
         self.sampler = BatchSampler()
         self._launched: deque[_Launched] = deque()
-        self.pacing = Pacing()
-        device = getattr(engine, "device", None)  # steps are timed where they run on one CUDA device
-        self._timed = self.overlap and device is not None and torch.device(device).type == "cuda"
-        self._synced_at: float | None = None  # when the last wait for the device ended, if it waited
         self._logits: dict[int, list[torch.Tensor]] = {}
         self._logprobs: dict[int, tuple[int, list]] = {}  # request id -> (top n, entries so far)
 
@@ -188,25 +136,14 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """Launch the next step, then commit the one before it (with `overlap`; else this one);
         return the requests that finished (cancelled ones included)."""
-        t0 = time.perf_counter()
         step = self.scheduler.schedule()
         if step is not None:
             self._launch(step)
-            self.pacing.launched(time.perf_counter() - t0)
         elif self.scheduler.running and not self._launched:
             raise RuntimeError("scheduler made no progress with requests running (a budget bug)")
-        self._synced_at = None
         while len(self._launched) > (1 if self.overlap and step is not None else 0):
             self._commit_oldest()
-        in_flight = self._launched[-1] if self._launched else None
-        self.pacing.plan(in_flight.step if in_flight is not None and in_flight.start is not None else None,
-                         self._synced_at)
         return self.take_finished()
-
-    def launch_by(self) -> float | None:
-        """The `time.perf_counter()` by which the next `step()` should begin for the device not to go
-        idle, when it can be told (`Pacing`); None when the next step should begin at once."""
-        return self.pacing.launch_by
 
     def _fail(self, step: ScheduledStep, error: BaseException) -> None:
         self.scheduler.fail(step, error)
@@ -216,10 +153,6 @@ class LLM:
     def _launch(self, step: ScheduledStep) -> None:
         """Queue `step` on the device: the engine's step, the sampler, the copy of the ids to the host."""
         try:
-            start = None
-            if self._timed:
-                start = torch.cuda.Event(enable_timing=True)
-                start.record()
             if step.feed_index:
                 prev = self._launched[-1]  # the step whose ids the placeholders are (scheduler.py)
                 f = len(step.feed_index)
@@ -232,13 +165,13 @@ class LLM:
             host = _to_host(tokens)
             done = None
             if tokens.device.type == "cuda":  # after every copy of this step, so commit waits for all
-                done = torch.cuda.Event(enable_timing=start is not None)
+                done = torch.cuda.Event()
                 done.record()
             kept = logits.float().cpu().clone() if self.record_logits else None
         except BaseException as e:
             self._fail(step, e)
             raise
-        self._launched.append(_Launched(step, tokens, host, done, kept, lps, start))
+        self._launched.append(_Launched(step, tokens, host, done, kept, lps))
 
     def _queue_logprobs(self, step: ScheduledStep, logits: torch.Tensor, tokens: torch.Tensor):
         """Queue the log-probabilities of the rows whose requests asked for them, and their copies to
@@ -264,11 +197,7 @@ class LLM:
         launched = self._launched.popleft()
         try:
             if launched.done is not None:
-                if not launched.done.query():
-                    launched.done.synchronize()
-                    self._synced_at = time.perf_counter()
-                if launched.start is not None:
-                    self.pacing.committed(launched.step, launched.start.elapsed_time(launched.done) / 1e3)
+                launched.done.synchronize()
             tokens = launched.host.tolist()
         except BaseException as e:  # an asynchronous device error surfaces here
             self._fail(launched.step, e)

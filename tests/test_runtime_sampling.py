@@ -197,34 +197,3 @@ def test_logprobs_are_the_log_softmax_of_the_sampled_rows(overlap):
         lp = torch.log_softmax(row.float(), -1)
         assert abs(lp[token].item() - chosen) < 1e-5
         assert [t for t, _ in top] == lp.topk(3).indices.tolist()
-
-
-def test_pacing_schedules_the_next_step_before_the_one_in_flight_ends():
-    """`Pacing`: the next step is due when the in-flight step should end (its start, plus the least
-    recent device time of steps of its kind) less the most recent host launch time and the margin;
-    no deadline without a known start, for a kind never timed, or before any launch."""
-    from types import SimpleNamespace
-
-    from g4rt.runtime.llm import Pacing
-
-    def step(tokens, seqs):
-        return SimpleNamespace(batch=SimpleNamespace(num_tokens=tokens, num_seqs=seqs))
-
-    pace = Pacing(keep=3, margin_s=0.001)
-    pace.plan(step(64, 64), 10.0)
-    assert pace.launch_by is None  # nothing timed yet
-    for device_s in (0.009, 0.006, 0.007):
-        pace.committed(step(64, 64), device_s)
-    pace.committed(step(40, 40), 0.001)  # the same kind (decode, 33..64 tokens): now the least
-    pace.launched(0.002)
-    pace.launched(0.0015)
-    pace.plan(step(60, 60), 10.0)
-    assert abs(pace.launch_by - (10.0 + 0.001 - 0.002 - 0.001)) < 1e-12
-    for _ in range(3):  # keep=3: the older steps are forgotten
-        pace.committed(step(64, 64), 0.008)
-    pace.plan(step(64, 64), 10.0)
-    assert abs(pace.launch_by - (10.0 + 0.008 - 0.002 - 0.001)) < 1e-12
-    pace.plan(step(64, 62), 10.0)  # a prefill step of the same size: another kind, never timed
-    assert pace.launch_by is None
-    pace.plan(step(64, 64), None)  # the device may have been idle: its start is unknown
-    assert pace.launch_by is None

@@ -177,36 +177,3 @@ def test_compile_watch_names_what_compiled_after_it_started_and_puts_the_hook_ba
     finally:
         triton.knobs.runtime.jit_post_compile_hook = None
 
-
-def test_the_engine_loop_reads_requests_until_the_next_step_is_due():
-    """Paced, `_take` keeps reading the pipe until the deadline (`LLM.launch_by`): a request sent while
-    it waits is admitted, and acknowledged, before the next step; unpaced it returns at once."""
-    import multiprocessing
-
-    import torch
-
-    from conftest import tiny_config
-
-    from g4rt.models.checkpoint import random_model
-    from g4rt.runtime.llm import LLM
-    from g4rt.runtime.sampling import SamplingParams
-    from g4rt.runtime.service.engine_loop import EngineLoop
-    from g4rt.runtime.service.wire import Add
-
-    llm = LLM.paged(random_model(tiny_config("e2b"), torch.float32, "cpu", seed=0), num_frames=32, page_tokens=4)
-    ours, theirs = multiprocessing.Pipe()
-    loop = EngineLoop(llm, ours)
-    add = [("add", Add(7, [[3, 4, 5]], [(0, 0, SamplingParams(max_new_tokens=2))], None))]
-    sender = threading.Timer(0.05, theirs.send, (add,))
-    t0 = time.perf_counter()
-    sender.start()
-    assert loop._take(block=False, until=t0 + 0.3)
-    waited = time.perf_counter() - t0
-    sender.join()
-    assert 0.3 <= waited < 2 and len(llm.scheduler.waiting) == 1
-    assert theirs.poll(0) and theirs.recv() == ("accepted", [(7, None)])
-    theirs.send(add)
-    time.sleep(0.05)
-    t0 = time.perf_counter()
-    assert loop._take(block=False) and time.perf_counter() - t0 < 0.05  # reads what is there, returns
-    assert len(llm.scheduler.waiting) == 2

@@ -2,14 +2,14 @@
 # One H200 call (<= 9 min): g4rt serve (random checkpoint, inductor engine, the engine in its own process)
 # under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
 # warmed-up LLM in the service's engine process, at concurrency 1,8,64,256, for each arm of ARMS in turn:
-# e2b, e4b, 31b (E2B_SWEEPS sweeps for the small models, 3 for the 31B), and any of them with the suffix
-# -unpaced (the engine loop without pacing, `--unpaced`) for an A/B in the same call. An arm starts only
-# if the time left allows it. Run from the repository root with the serve extra's
+# e2b, e4b, 31b (E2B_SWEEPS sweeps for the small models, 3 for the 31B), each optionally followed by
+# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--switch-interval=0.0002: an A/B in one call; such
+# an arm's results go to $OUT/<model>-<its position in ARMS>/). An arm starts only if the time left allows it. Run from the repository root with the serve extra's
 # wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
 #   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS] [E2B_SWEEPS]    defaults: 530 s, "e2b 31b", 3
-#   e.g. bash runtime/results/serve_h200.sh 580 "e2b e2b-unpaced" 4
+#   e.g. bash runtime/results/serve_h200.sh 470 "e2b e2b@--switch-interval=0.0002" 3
 # .whl/ (git-ignored; ~8 MB), for the image's Python 3.12:
 #   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection \
@@ -70,8 +70,10 @@ arm() {
 # (h200_serve_final_31b_host.log, one sweep): build 10 s, warm-up 67 s, HTTP sweep 21 s, offline 20 s.
 HOST="--max-num-seqs 256 --max-model-len 256 --chunk 512"
 LOAD="--input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256"
+n=0
 for a in $ARMS; do
-  model=${a%-unpaced}; flags=""; [ "$a" != "$model" ] && flags="--unpaced"
+  n=$((n + 1)); model=${a%%@*}; flags=""; name=$model
+  [ "$a" != "$model" ] && flags=${a#*@} && flags=${flags//,/ } && name=$model-$n
   case $model in
     e2b|e4b) need=200; cap=270; host="--config $model $HOST --kv-gib 16 $flags"; w="--waves 6 $LOAD --repeat $E2B_SWEEPS" ;;
     31b) need=200; cap=100000; host="--config 31b $HOST --kv-gib 48 $flags"; w="--waves 2 $LOAD --repeat 3" ;;
@@ -79,6 +81,6 @@ for a in $ARMS; do
   esac
   if [ "$(left)" -lt "$need" ]; then say "$a: skipped, $(left) s left (needs >= $need)"; continue; fi
   limit=$(( $(left) - 5 )); [ "$limit" -gt "$cap" ] && limit=$cap
-  arm "$a" "$limit" "$host" "$w"
+  arm "$name" "$limit" "$host" "$w"
 done
 say "all done"

@@ -2,10 +2,8 @@
 
 `engine_main` builds the LLM from an `EngineSpec`, warms it up (every decode graph the scheduler can
 ask for, then a few real requests through the whole path) before it reports ready, then steps
-whenever there is work. Between steps it reads the API process's commands off the pipe; while a step
-runs on the device it keeps reading them until the host must schedule the next one (`LLM.launch_by`),
-so a request sent in answer to the last step's tokens (a closed-loop client's next one) makes the
-next step rather than the one after. After each step it sends every choice's new tokens in one message. A
+whenever there is work. Between steps it reads the API process's commands off the pipe (without
+waiting while there is work); after each step it sends every choice's new tokens in one message. A
 step that raises fails the requests it held (the scheduler ends them with the error) and the loop
 goes on with the rest. The process ignores SIGINT and SIGTERM (a terminal or a service manager sends
 them to the whole group): the API process drains and stops it, and it exits on its own when that
@@ -140,7 +138,7 @@ def engine_main(conn, spec: EngineSpec, log_level: int) -> None:
                          "max_num_seqs": s.config.max_num_seqs, "engine": type(llm.engine).__name__,
                          "pid": os.getpid()}))
     try:
-        EngineLoop(llm, conn, paced=spec.paced).serve()
+        EngineLoop(llm, conn).serve()
     except BaseException as e:
         log.exception("the engine loop stopped; the service cannot go on")
         try:
@@ -160,13 +158,12 @@ class _Tracked:
 
 
 class EngineLoop:
-    def __init__(self, llm: LLM, conn, paced: bool = True):
-        self.llm, self.conn, self.paced = llm, conn, paced
+    def __init__(self, llm: LLM, conn):
+        self.llm, self.conn = llm, conn
         self._tracked: dict[int, _Tracked] = {}  # engine request id -> its choice
         self._rids: dict[int, int] = {}  # choice id -> engine request id
         self._finished: list = []  # outputs taken while refusing an admission, published with the next step
         self._deadline: float | None = None  # drain: abort what still runs at this time
-        self._waited_s = 0.0  # reading requests between publishing a step and scheduling the next
 
     def serve(self) -> None:
         with torch.inference_mode():
@@ -180,83 +177,51 @@ class EngineLoop:
                 self._compiles.close()
 
     def _loop(self) -> None:
-        t0 = until = None
-        steps = paced = 0
-        try:
-            while self._take(block=not self.llm.has_unfinished(), until=until):
-                paced += until is not None
-                if self._iterate(t0):
-                    steps += 1
-                    t0 = time.perf_counter()
-                    until = self.llm.launch_by() if self.paced else None
-                else:
-                    t0 = until = None
-        finally:
-            if steps:
-                log.info("%d steps, %d of them scheduled by the device's pace (LLM.launch_by); %.3f ms "
-                         "between publishing a step and scheduling the next, on average; %s", steps, paced,
-                         self._waited_s / steps * 1e3, self.llm.pacing)
+        while self._take(block=not self.llm.has_unfinished()):
+            if self._deadline is not None and time.monotonic() >= self._deadline:
+                self._deadline = None  # once: the server refuses new requests while it drains
+                for rid in list(self._tracked):
+                    self.llm.cancel(rid)
+            if not self.llm.has_unfinished():
+                self._publish(self.llm.take_finished(), None)
+                continue
+            t0 = time.perf_counter()
+            try:
+                finished = self.llm.step()
+            except Exception:
+                log.exception("engine step failed; its requests end with an error, the service goes on")
+                finished = self._fail_running()
+            step_s = time.perf_counter() - t0
+            compiled = self._compiles.take()
+            if compiled:
+                sched = self.llm.scheduler
+                log.warning("compiled after readiness, in a step of %.1f ms (%d running, %d waiting): %s",
+                            step_s * 1e3, len(sched.running), len(sched.waiting), ", ".join(compiled))
+            self._publish(finished, step_s)
 
-    def _iterate(self, t0: float | None) -> bool:
-        """One pass after reading the pipe: a step (True), or only the outputs of what ended."""
-        if self._deadline is not None and time.monotonic() >= self._deadline:
-            self._deadline = None  # once: the server refuses new requests while it drains
-            for rid in list(self._tracked):
-                self.llm.cancel(rid)
-        if not self.llm.has_unfinished():
-            self._publish(self.llm.take_finished(), None)
-            return False
-        now = time.perf_counter()
-        self._waited_s += now - (t0 or now)
-        t0 = t0 or now  # a step's time includes the wait for requests before it
-        try:
-            finished = self.llm.step()
-        except Exception:
-            log.exception("engine step failed; its requests end with an error, the service goes on")
-            finished = self._fail_running()
-        step_s = time.perf_counter() - t0
-        compiled = self._compiles.take()
-        if compiled:
-            sched = self.llm.scheduler
-            log.warning("compiled after readiness, in a step of %.1f ms (%d running, %d waiting): %s",
-                        step_s * 1e3, len(sched.running), len(sched.waiting), ", ".join(compiled))
-        self._publish(finished, step_s)
-        return True
-
-    def _take(self, block: bool, until: float | None = None) -> bool:
-        """Handle the commands that came in (waiting for one when `block`, and for more until the
-        `time.perf_counter()` `until`); False once told to stop or once the API process is gone."""
+    def _take(self, block: bool) -> bool:
+        """Handle the commands that came in (waiting for one when `block`); False once told to stop or
+        once the API process is gone."""
         timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic()) + 0.01
+        accepted = []
         try:
             ready = self.conn.poll(timeout if block else 0)
-            while True:
-                if ready and not self._read():
-                    return False
-                left = 0.0 if until is None else until - time.perf_counter()
-                if left <= 0:
-                    return True
-                ready = self.conn.poll(left)
+            while ready:
+                for kind, arg in self.conn.recv():
+                    if kind == "stop":
+                        return False
+                    if kind == "add":
+                        accepted.append(self._add(arg))
+                    elif kind == "cancel":
+                        for cid in arg:
+                            if cid in self._rids:
+                                self.llm.cancel(self._rids[cid])
+                    elif kind == "drain":
+                        self._deadline = time.monotonic() + arg
+                ready = self.conn.poll(0)
         except EOFError:
             log.warning("the API process went away; the engine stops")
             return False
-
-    def _read(self) -> bool:
-        """Handle every command waiting on the pipe; False when one says stop."""
-        accepted = []
-        ready = True
-        while ready:
-            for kind, arg in self.conn.recv():
-                if kind == "stop":
-                    return False
-                if kind == "add":
-                    accepted.append(self._add(arg))
-                elif kind == "cancel":
-                    for cid in arg:
-                        if cid in self._rids:
-                            self.llm.cancel(self._rids[cid])
-                elif kind == "drain":
-                    self._deadline = time.monotonic() + arg
-            ready = self.conn.poll(0)
         if accepted:  # before the step: a refusal (or the stream's headers) need not wait for it
             self.conn.send(("accepted", accepted))
         return True

@@ -31,13 +31,10 @@ from typing import Any, Callable, NamedTuple
 class EngineSpec:
     """How the engine process gets its `LLM`: `build()` is called there, so it must be picklable (a
     module-level function, or a `functools.partial` of one with picklable arguments). `after(llm)`, when
-    given, runs there once the service has stopped: a benchmark's offline arm reuses the warmed-up engine.
-    `paced`: the engine loop reads requests until the device is about to need the next step
-    (`LLM.launch_by`), not only right after the last one (false: the unpaced loop, for A/B runs)."""
+    given, runs there once the service has stopped: a benchmark's offline arm reuses the warmed-up engine."""
 
     build: Callable[[], Any]
     after: Callable[[Any], None] | None = None
-    paced: bool = True
 
 
 class Add(NamedTuple):
