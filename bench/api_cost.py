@@ -194,8 +194,7 @@ def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
         from g4rt.models.tiny import ensure_tiny
         tok = Tokenizer.from_dir(ensure_tiny())
     service = Service(spec, ServiceConfig(served_model_name="instant", max_queue=4096), tokenizer=tok)
-    server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2,
-                    switch_interval_s=a.switch_interval)
+    server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2)
     if a.profile_loop:
         server.run = functools.partial(_profiled, server.run, f"{a.profile_loop}.{step_ms:g}")
     server.start()
@@ -223,7 +222,7 @@ def arm(a, step_ms: float, tmp: str, times: ApiTimes) -> list[dict]:
         api = c1["api"] - c0["api"]
         points.append({
             "bench": "api_cost", "label": a.label, "step_ms": step_ms, "concurrency": conc, "tokenizer": bool(tok),
-            "loop": a.loop, "switch_interval_s": a.switch_interval, "requests": client["completed"] + client["failed"], "failed": client["failed"],
+            "loop": a.loop, "requests": client["completed"] + client["failed"], "failed": client["failed"],
             # CPU is counted over the client's whole run (its start-up too: the service idles then),
             # rates over the point's own duration
             "wall_s": round(wall, 3), "duration_s": round(dur, 3), "steps": int(steps),
@@ -311,8 +310,6 @@ def main(argv=None) -> int:
                    help="asyncio: the server runs without uvloop even where it is installed (an image without it)")
     p.add_argument("--profile-loop", default=None,
                    help="write cProfile stats of the event loop's thread to PATH.<step ms> (it slows the loop)")
-    p.add_argument("--switch-interval", type=float, default=None,
-                   help="the API process's GIL switch interval in seconds (Server.switch_interval_s)")
     p.add_argument("--apply-only", action="store_true", help="time Outputs.apply alone (module docstring)")
     p.add_argument("--label", default=None, help="stored in each record (e.g. which code ran)")
     p.add_argument("--out", default=None, help="append one JSON line per point to this file")

@@ -430,22 +430,19 @@ def host(argv) -> int:
     p.add_argument("--max-model-len", type=int, default=1024)
     p.add_argument("--chunk", type=int, default=512)
     p.add_argument("--kv-gib", type=float, default=16.0)
-    p.add_argument("--switch-interval", type=float, default=None,
-                   help="the API process's GIL switch interval in seconds (Server.switch_interval_s)")
     a = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     t0 = time.perf_counter()
     spec = EngineSpec(functools.partial(_random_llm, a), after=functools.partial(_offline_arm, a))
     service = Service(spec, ServiceConfig(served_model_name=a.config, max_queue=4096))
     build_s = time.perf_counter() - t0
-    server = Server(service, "127.0.0.1", a.port, access_log=False, shutdown_timeout_s=5,
-                    switch_interval_s=a.switch_interval)
+    server = Server(service, "127.0.0.1", a.port, access_log=False, shutdown_timeout_s=5)
     print(f"g4rt bench host: {a.config} inductor on {server.url} ({service.engine.info['num_frames']} frames)",
           flush=True)
     code = server.run()  # after the drain it waits for the engine process's offline arm
     _emit(a, {"bench": "serve", "mode": "host", "config": a.config, "build_s": build_s, "exit_code": code,
               "warmup_s": service.engine.warmup_s, "frames": service.engine.info["num_frames"],
-              "max_num_seqs": a.max_num_seqs, "max_model_len": a.max_model_len, "switch_interval_s": a.switch_interval})
+              "max_num_seqs": a.max_num_seqs, "max_model_len": a.max_model_len})
     return code
 
 

@@ -15,7 +15,6 @@ import contextlib
 import logging
 import signal
 import socket
-import sys
 import threading
 
 import uvicorn
@@ -36,16 +35,8 @@ class _Uvicorn(uvicorn.Server):
 
 
 class Server:
-    """`switch_interval_s`: the interpreter's GIL switch interval while `run()` serves (`sys.setswitchinterval`;
-    None keeps Python's 5 ms). This process's threads (the event loop, the engine client's reader and
-    sender, the prompt preparers) wait for each other's GIL for up to that long."""
-
     def __init__(self, service: Service, host: str = "127.0.0.1", port: int = 8000, *, backlog: int = MIN_BACKLOG,
-                 shutdown_timeout_s: float = 30.0, keep_alive_s: int = 5, access_log: bool = True,
-                 switch_interval_s: float | None = None):
-        if switch_interval_s is not None and not switch_interval_s > 0:
-            raise ValueError(f"switch_interval_s must be positive, got {switch_interval_s!r}")
-        self.switch_interval_s = switch_interval_s
+                 shutdown_timeout_s: float = 30.0, keep_alive_s: int = 5, access_log: bool = True):
         if backlog < MIN_BACKLOG:
             raise ValueError(f"backlog must be >= {MIN_BACKLOG} (bursts of connections), got {backlog}")
         if not shutdown_timeout_s >= 0:
@@ -102,13 +93,9 @@ class Server:
         """Serve until drained (blocking; signals are handled when called on the main thread). Returns 0,
         or 1 when the engine loop died (its traceback is in the log)."""
         self.service.engine.on_fatal = self.shutdown
-        interval = sys.getswitchinterval()
         try:
-            if self.switch_interval_s is not None:
-                sys.setswitchinterval(self.switch_interval_s)
             _run_loop(self._main(threading.current_thread() is threading.main_thread()))
         finally:
-            sys.setswitchinterval(interval)
             self.service.close()
             self.sock.close()
         self.exit_code = 1 if self.service.engine.failed else 0

@@ -3,13 +3,13 @@
 # under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
 # warmed-up LLM in the service's engine process, at concurrency 1,8,64,256, for each arm of ARMS in turn:
 # e2b, e4b, 31b (E2B_SWEEPS sweeps for the small models, 3 for the 31B), each optionally followed by
-# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--switch-interval=0.0002: an A/B in one call; such
+# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--chunk=256: an A/B in one call; such
 # an arm's results go to $OUT/<model>-<its position in ARMS>/). An arm starts only if the time left allows it. Run from the repository root with the serve extra's
 # wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
 #   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS] [E2B_SWEEPS]    defaults: 530 s, "e2b 31b", 3
-#   e.g. bash runtime/results/serve_h200.sh 470 "e2b e2b@--switch-interval=0.0002" 3
+#   e.g. bash runtime/results/serve_h200.sh 470 "e2b e2b@--chunk=256" 3
 # .whl/ (git-ignored; ~8 MB), for the image's Python 3.12:
 #   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection \
