@@ -143,6 +143,8 @@ def test_sigterm_drains_streams_and_exits_0(server):
     assert proc.wait(15) == 0
     text = log.read_text()
     assert '"POST /v1/completions HTTP/1.1" 200' in text  # the access log
+    assert re.search(r"warm-up done in [\d.]+ s: the engine's graphs [\d.]+ s, the sampler [\d.]+ s, "
+                     r"requests [\d.]+ s", text)
     assert "draining" in text
     engine_pid = int(re.search(r"engine process (\d+)", text).group(1))
     assert engine_pid != proc.pid and not os.path.exists(f"/proc/{engine_pid}")  # it exited and was reaped

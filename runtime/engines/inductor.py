@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Sequence
 
 import torch
+from tqdm import tqdm
 
 from g4rt.models import manifest as mf
 from g4rt.models.checkpoint import load_model
@@ -163,7 +164,8 @@ class InductorEngine:
         self.buckets = buckets
         self._rows = max(self._rows, buckets[-1])
 
-    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int, max_tokens: int = 0) -> int:
+    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int, max_tokens: int = 0,
+               progress: bool = True) -> int:
         """Capture every graph a scheduler within these bounds can ask for, so that no request waits for
         a capture (`g4rt serve` calls this before it reports ready): the decode graphs and, for steps of
         up to `max_tokens` tokens, the piecewise token buckets; returns how many of both.
@@ -175,7 +177,10 @@ class InductorEngine:
         also uploads it to the device, 0.8-1.6 ms more host time than a later launch on the H200
         (`bench.engine --first-launches`, export/results), which the first request to use a graph would
         otherwise pay. By the same numbers (3-5 ms per launch) that adds ~0.6 s to the E2B's warm-up of
-        126 decode graphs and 12 token buckets."""
+        126 decode graphs and 12 token buckets.
+
+        Compiling and capturing them takes one to two and a half minutes on the H200 (runtime/results):
+        a progress bar per kind goes to stderr unless `progress` is false."""
         if self.device.type != "cuda":
             return 0
         pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]
@@ -184,13 +189,13 @@ class InductorEngine:
             return sorted({pow2_bucket(i) for i in range(1, max(1, n) + 1)})
         keys = [(b, s, f) for b in upto(min(max_seqs, self.buckets[-1])) for f in upto(max_full_pages)
                 for s in upto(min(max_sliding_pages, -(-f * pt_f // pt_s)))]
-        for key in keys:
+        for key in tqdm(keys, desc="decode graphs", unit="graph", mininterval=2, disable=not progress):
             self._graph_for(key)
         tokens = ()
         if self.piecewise is not None and max_tokens:
             self.piecewise.reserve(max_seqs, max_sliding_pages, max_full_pages)
             tokens = token_buckets(max_tokens)
-            for t in tokens:
+            for t in tqdm(tokens, desc="piecewise token buckets", unit="bucket", disable=not progress):
                 self._pool = self.piecewise.capture(t, self._pool)
         return len(keys) + len(tokens)
 

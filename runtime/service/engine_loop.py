@@ -65,7 +65,9 @@ def warm_up(llm: LLM) -> float:
     t0 = time.perf_counter()
     if hasattr(llm.engine, "warmup"):
         llm.engine.warmup(**graph_bounds(llm))
+    t1 = time.perf_counter()
     warm_sampler(llm)
+    t2 = time.perf_counter()
     sched = llm.scheduler
     max_len, vocab = sched.max_model_len, sched.geometry.layout.config.vocab_size
     lens = sorted({max(1, min(n, max_len - 4)) for n in (sched.config.chunk + 1, 48, 17, 2)}, reverse=True)
@@ -76,7 +78,8 @@ def warm_up(llm: LLM) -> float:
         llm.generate([p], greedy)
     llm.generate(prompts, [(greedy, sampled)[i % 2] for i in range(len(prompts))])
     seconds = time.perf_counter() - t0
-    log.info("warm-up done in %.1f s", seconds)
+    log.info("warm-up done in %.1f s: the engine's graphs %.1f s, the sampler %.1f s, requests %.1f s",
+             seconds, t1 - t0, t2 - t1, seconds - (t2 - t0))
     return seconds
 
 
