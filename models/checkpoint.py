@@ -162,12 +162,12 @@ def load_into(model: Gemma4Model, cfg: Gemma4Config, ckpt_dir: str | Path, devic
 
 
 def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
-    """Eval mode, kernels for the final device; on CUDA, q/k/v packed into one matmul
-    (Attention.pack_qkv), which the eager and the compiled engine then share."""
+    """Eval mode, kernels for the final device; on CUDA, q/k/v and gate/up packed into one matmul each
+    (Gemma4Model.pack_weights), which the eager and the compiled engine then share."""
     model.eval()
     model.set_kernels(kernels or default_kernels(device))
     if next(model.parameters()).is_cuda:
-        model.pack_qkv()
+        model.pack_weights()
     return model
 
 

@@ -61,6 +61,19 @@ def _linear(n_in: int, n_out: int, dtype, device) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=False, dtype=dtype, device=device)
 
 
+def _pack(parts: list[nn.Linear]) -> torch.Tensor:
+    """The weights of `parts` concatenated (output rows in order), each Linear's weight becoming a view
+    of it: the state dict keeps its names and values, and one matmul computes all the outputs."""
+    with torch.no_grad():
+        packed = torch.cat([m.weight for m in parts])
+    row = 0
+    for m in parts:
+        n = m.weight.shape[0]
+        m.weight = nn.Parameter(packed[row:row + n], requires_grad=False)
+        row += n
+    return packed
+
+
 def rope_inv_freq(cfg: Gemma4Config, sliding: bool) -> torch.Tensor:
     """fp32 inverse frequencies, length head_dim/2 of the layer type.
 
@@ -111,16 +124,8 @@ class Attention(nn.Module):
         parameter (state-dict names stay HF's; export never packs), so pack once the model is on its
         device: `checkpoint.load_model` / `random_model` do it on CUDA."""
         parts = [m for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
-        if len(parts) < 2 or self.qkv_weight is not None:
-            return
-        with torch.no_grad():
-            packed = torch.cat([m.weight for m in parts])
-        row = 0
-        for m in parts:
-            n = m.weight.shape[0]
-            m.weight = nn.Parameter(packed[row:row + n], requires_grad=False)
-            row += n
-        self.qkv_weight = packed
+        if len(parts) >= 2 and self.qkv_weight is None:
+            self.qkv_weight = _pack(parts)
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
@@ -146,9 +151,21 @@ class MLP(nn.Module):
         self.gate_proj = _linear(hidden, inter, dtype, device)
         self.up_proj = _linear(hidden, inter, dtype, device)
         self.down_proj = _linear(inter, hidden, dtype, device)
+        self.gate_up_weight: torch.Tensor | None = None  # see pack_gate_up
+
+    def pack_gate_up(self) -> None:
+        """Hold gate and up as one weight, as `Attention.pack_qkv` does q/k/v: one matmul reads both, and
+        the gated GELU reads the two halves of its output in place."""
+        if self.gate_up_weight is None:
+            self.gate_up_weight = _pack([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(block("gelu_tanh_mul", self.kernels, self.gate_proj(x), self.up_proj(x)))
+        if self.gate_up_weight is not None:
+            gate_up = F.linear(x, self.gate_up_weight)
+            gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(block("gelu_tanh_mul", self.kernels, gate, up))
 
 
 class Router(nn.Module):
@@ -301,10 +318,13 @@ class Gemma4Model(nn.Module):
             self.sliding_inv_freq.copy_(rope_inv_freq(self.config, sliding=True))
             self.full_inv_freq.copy_(rope_inv_freq(self.config, sliding=False))
 
-    def pack_qkv(self) -> None:
-        """Every cache-owning layer's q/k/v as one weight (Attention.pack_qkv)."""
+    def pack_weights(self) -> None:
+        """Every cache-owning layer's q/k/v as one weight (Attention.pack_qkv), every dense MLP's gate and
+        up as one (MLP.pack_gate_up). Plain attributes, not parameters: pack once the model is on its
+        device (`checkpoint.load_model` / `random_model` do on CUDA); export never packs."""
         for layer in self.layers:
             layer.self_attn.pack_qkv()
+            layer.mlp.pack_gate_up()
 
     def _scaled_embed(self, table: nn.Embedding, ids: torch.Tensor, scale: float) -> torch.Tensor:
         # HF rounds the scale to the model dtype before the multiply (sqrt(1536) -> 39.25 in bf16). Done

@@ -65,23 +65,33 @@ def gelu_tanh_rounded(g, u, out_ptr):
 
 
 @triton.jit
-def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, BLOCK: tl.constexpr):
-    i = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = i < n
-    g = tl.load(gate_ptr + i, mask=ok, other=0.0).to(tl.float32)
-    u = tl.load(up_ptr + i, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + i, gelu_tanh_rounded(g, u, out_ptr), mask=ok)
+def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, gate_row, up_row, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    ok = j < n
+    g = tl.load(gate_ptr + row * gate_row + j, mask=ok, other=0.0).to(tl.float32)
+    u = tl.load(up_ptr + row * up_row + j, mask=ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + row * n + j, gelu_tanh_rounded(g, u, out_ptr), mask=ok)
+
+
+def _rows(t: torch.Tensor) -> torch.Tensor:
+    """`t` as [rows, last dim] with unit column stride: a view where `t` is one already (the halves
+    of a packed gate/up projection, rows 2I apart), else a copy."""
+    t = t.reshape(-1, t.shape[-1]) if t.dim() != 2 else t
+    return t if t.stride(-1) == 1 else t.contiguous()
 
 
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    """gelu_tanh(gate) * up, each result rounded to the input dtype as eager torch does."""
+    """gelu_tanh(gate) * up, each result rounded to the input dtype as eager torch does. The inputs may
+    be row-strided views (the two halves of one gate/up matmul's output); the result is contiguous."""
     if gate.shape != up.shape:
         raise ValueError(f"gate {tuple(gate.shape)} and up {tuple(up.shape)} differ in shape")
-    gate, up = gate.contiguous(), up.contiguous()
-    out = torch.empty_like(gate)
-    n = gate.numel()
-    if n:
-        _gelu_tanh_mul_kernel[(triton.cdiv(n, 1024),)](gate, up, out, n, BLOCK=1024, num_warps=4)
+    out = torch.empty(gate.shape, dtype=gate.dtype, device=gate.device)
+    if gate.numel():
+        g, u = _rows(gate), _rows(up)
+        rows, n = g.shape
+        _gelu_tanh_mul_kernel[(rows, triton.cdiv(n, 1024))](g, u, out, n, g.stride(0), u.stride(0), BLOCK=1024,
+                                                            num_warps=4)
     return out
 
 
@@ -189,7 +199,7 @@ def _gelu_tanh_mul_op(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 
 @_gelu_tanh_mul_op.register_fake
 def _(gate, up):
-    return torch.empty_like(gate)
+    return gate.new_empty(gate.shape)
 
 
 @torch.library.custom_op("g4rt::qkv_norm_rope", mutates_args=())

@@ -153,14 +153,18 @@ def test_bf16_file_loads_as_requested_dtype(tmp_path):
 
 
 @pytest.mark.parametrize("variant", ["e2b", "31b"])
-def test_packed_qkv_keeps_names_values_and_outputs(variant, tmp_path):
-    """pack_qkv (done on CUDA at load): q/k/v weights become views of one packed weight, the state dict
-    keeps HF's names and values, KV-shared and k_eq_v layers are handled, and the outputs agree."""
+def test_packed_weights_keep_names_values_and_outputs(variant, tmp_path):
+    """pack_weights (done on CUDA at load): q/k/v weights become views of one packed weight and gate/up
+    of another, the state dict keeps HF's names and values, KV-shared and k_eq_v layers are handled,
+    and the outputs agree."""
     src = write_random_checkpoint(tiny_config(variant), tmp_path, seed=1, dtype="float32")
     plain, packed = load_model(src), load_model(src)
-    packed.pack_qkv()
+    packed.pack_weights()
     assert_matches_files(packed, src)
-    for layer in packed.layers:
+    for before, layer in zip(plain.layers, packed.layers):
+        mlp = layer.mlp
+        assert mlp.up_proj.weight.untyped_storage().data_ptr() == mlp.gate_up_weight.untyped_storage().data_ptr()
+        assert torch.equal(mlp.gate_up_weight, torch.cat([before.mlp.gate_proj.weight, before.mlp.up_proj.weight]))
         attn = layer.self_attn
         if attn.k_proj is None:  # KV-shared: q only, nothing to pack
             assert attn.qkv_weight is None

@@ -68,6 +68,23 @@ def test_gelu_tanh_mul_matches_reference(n, dtype):
     assert_within_ulps(got, want, 2.0 if dtype == torch.bfloat16 else 8.0, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows,inter", [(1, 1000), (5, 3 * 1024 + 17)])
+def test_gelu_tanh_mul_reads_the_halves_of_a_packed_gate_up_in_place(rows, inter):
+    """The two halves of one gate/up matmul's output (row-strided views, MLP.pack_gate_up) give the bits
+    their contiguous copies give, and so does a 3-d input; the result is contiguous."""
+    g = torch.Generator().manual_seed(rows)
+    gate_up = torch.cat([torch.randn(rows, inter, generator=g) * 4, torch.randn(rows, inter, generator=g)],
+                        dim=-1).to(torch.bfloat16)  # the scales of the test above (its tolerance says why)
+    gate, up = gate_up.split(inter, dim=-1)
+    assert gate.stride(0) == 2 * inter and (rows == 1 or not gate.is_contiguous())
+    got = tn.gelu_tanh_mul(gate, up)
+    assert got.is_contiguous() and got.shape == (rows, inter)
+    assert torch.equal(got, tn.gelu_tanh_mul(gate.contiguous(), up.contiguous()))
+    assert_within_ulps(got, reference.gelu_tanh_mul(gate, up), 2.0, atol=1e-6)
+    three = tn.gelu_tanh_mul(gate.contiguous().view(1, rows, inter), up.contiguous().view(1, rows, inter))
+    assert three.shape == (1, rows, inter) and torch.equal(three[0], got)
+
+
 def test_gelu_tanh_mul_refuses_mismatched_shapes():
     with pytest.raises(ValueError, match="gate .* and up .* differ"):
         tn.gelu_tanh_mul(torch.zeros(4), torch.zeros(5))
