@@ -24,6 +24,7 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -67,14 +68,17 @@ async def _body_chunks(reader, headers):
         yield await reader.readexactly(int(headers.get("content-length", 0)))
 
 
-async def request(url: str, path: str, body: dict, api_key: str | None = None, timeout: float = 600.0) -> Result:
-    """POST `body` to url+path; with "stream": true, time every SSE chunk that carries tokens."""
+async def request(url: str, path: str, body: dict | None, api_key: str | None = None,
+                  timeout: float = 600.0) -> Result:
+    """POST `body` to url+path (GET when it is None); with "stream": true, time every SSE chunk that
+    carries tokens."""
     u = urlsplit(url)
     r = Result(start=time.perf_counter())
-    data = json.dumps(body).encode()
+    data = b"" if body is None else json.dumps(body).encode()
     auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
-    head = (f"POST {path} HTTP/1.1\r\nHost: {u.hostname}\r\nContent-Type: application/json\r\n{auth}"
-            f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n").encode()
+    post = "" if body is None else f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
+    head = (f"{'GET' if body is None else 'POST'} {path} HTTP/1.1\r\nHost: {u.hostname}\r\n{post}{auth}"
+            f"Connection: close\r\n\r\n").encode()
     writer = None
     try:
         async with asyncio.timeout(timeout):
@@ -91,7 +95,7 @@ async def request(url: str, path: str, body: dict, api_key: str | None = None, t
                 while b"\n\n" in buf:
                     event, buf = buf.split(b"\n\n", 1)
                     _event(r, event, time.perf_counter())
-            if not body.get("stream"):
+            if body is not None and not body.get("stream"):
                 _final(r, json.loads(buf))
             r.ok = r.error is None
     except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
@@ -265,9 +269,14 @@ def first_requests(args) -> dict:
     The service's own view of each, from its /metrics after each request (they run one at a time):
     `server_ttft_ms` from its arrival in the API process to its first token there, `queue_ms` from its
     arrival in the engine to its first step. The client's TTFT less `server_ttft_ms` is the client and
-    the connection; `server_ttft_ms` less `queue_ms` is the way to the engine and back and the prefill."""
+    the connection; `server_ttft_ms` less `queue_ms` is the way to the engine and back and the prefill.
+    `first_vs_rest_ms`: the first one's TTFT less the median of the others', the client's and the
+    service's (positive: the first was slower)."""
     items = workload(args.first_requests, args.input_len, args.output_len, 0.0, args.vocab, args.seed)
     rs, server = [], {"server_ttft": [], "queue": []}
+    # This process's first connection costs it more than the later ones (its first event loop, socket
+    # and HTTP code paths): pay it on a GET /health, which the service answers as it does readiness probes.
+    asyncio.run(request(args.url, "/health", None, args.api_key))
     before = server_sums(args.url)
     for it in items:
         time.sleep(args.idle_gap)
@@ -277,8 +286,14 @@ def first_requests(args) -> dict:
         for key in server:
             server[key].append(server_delta(before, after, key))
         before = after
+    ttft = [r["ttft_ms"]["p50"] for r in rs]
+
+    def first_vs_rest(xs):
+        return round(xs[0] - statistics.median(xs[1:]), 3) if len(xs) > 1 and None not in xs else None
     return _emit(args, {"bench": "serve", "mode": "first_requests", "idle_gap_s": args.idle_gap,
-                        "ttft_ms": [r["ttft_ms"]["p50"] for r in rs],
+                        "first_vs_rest_ms": {"client": first_vs_rest(ttft),
+                                             "server": first_vs_rest(server["server_ttft"])},
+                        "ttft_ms": ttft,
                         "server_ttft_ms": server["server_ttft"], "queue_ms": server["queue"],
                         "e2e_ms": [r["e2e_ms"]["p50"] for r in rs], "tpot_ms": [r["tpot_ms"]["p50"] for r in rs]})
 

@@ -109,9 +109,19 @@ def test_bench_serve_splits_ttft_with_the_servers_metrics(server):
     add_arguments(p)
     args = p.parse_args(["--url", url, "--first-requests", "3", "--input-len", "8", "--output-len", "2",
                          "--vocab", "200", "--concurrency", ""])
+
+    def health_gets():
+        metrics = httpx.get(url + "/metrics").text
+        found = re.search(r'g4rt_http_requests_total\{endpoint="/health",status="200"\} ([\d.]+)', metrics)
+        return float(found.group(1)) if found else 0.0
+    health = health_gets()
     rec = first_requests(args)
+    assert health_gets() == health + 1  # the client's own first connection went to /health
     for client, api, queue in zip(rec["ttft_ms"], rec["server_ttft_ms"], rec["queue_ms"]):
         assert 0 < queue < api < client, rec
+    for side, key in (("client", "ttft_ms"), ("server", "server_ttft_ms")):
+        assert rec["first_vs_rest_ms"][side] == pytest.approx(rec[key][0] - sorted(rec[key][1:])[0] / 2
+                                                              - sorted(rec[key][1:])[1] / 2, abs=1e-3)
     args = p.parse_args(["--url", url, "--num-prompts", "12", "--input-len", "8", "--output-len", "4",
                          "--vocab", "200", "--concurrency", "4"])
     rec, = sweep(args)
