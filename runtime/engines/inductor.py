@@ -164,8 +164,7 @@ class InductorEngine:
         self.buckets = buckets
         self._rows = max(self._rows, buckets[-1])
 
-    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int, max_tokens: int = 0,
-               progress: bool = True) -> int:
+    def warmup(self, max_seqs: int, max_sliding_pages: int, max_full_pages: int, max_tokens: int = 0) -> int:
         """Capture every graph a scheduler within these bounds can ask for, so that no request waits for
         a capture (`g4rt serve` calls this before it reports ready): the decode graphs and, for steps of
         up to `max_tokens` tokens, the piecewise token buckets; returns how many of both.
@@ -179,8 +178,8 @@ class InductorEngine:
         otherwise pay. By the same numbers (3-5 ms per launch) that adds ~0.6 s to the E2B's warm-up of
         126 decode graphs and 12 token buckets.
 
-        Compiling and capturing them takes one to two and a half minutes on the H200 (runtime/results):
-        a progress bar per kind goes to stderr unless `progress` is false."""
+        Compiling and capturing them takes one to two and a half minutes on the H200 (runtime/results),
+        so each kind shows a progress bar on stderr."""
         if self.device.type != "cuda":
             return 0
         pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]
@@ -189,13 +188,13 @@ class InductorEngine:
             return sorted({pow2_bucket(i) for i in range(1, max(1, n) + 1)})
         keys = [(b, s, f) for b in upto(min(max_seqs, self.buckets[-1])) for f in upto(max_full_pages)
                 for s in upto(min(max_sliding_pages, -(-f * pt_f // pt_s)))]
-        for key in tqdm(keys, desc="decode graphs", unit="graph", mininterval=2, disable=not progress):
+        for key in tqdm(keys, desc="decode graphs", unit="graph", mininterval=2):
             self._graph_for(key)
         tokens = ()
         if self.piecewise is not None and max_tokens:
             self.piecewise.reserve(max_seqs, max_sliding_pages, max_full_pages)
             tokens = token_buckets(max_tokens)
-            for t in tqdm(tokens, desc="piecewise token buckets", unit="bucket", disable=not progress):
+            for t in tqdm(tokens, desc="piecewise token buckets", unit="bucket"):
                 self._pool = self.piecewise.capture(t, self._pool)
         return len(keys) + len(tokens)
 
