@@ -3,9 +3,10 @@
 # under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
 # warmed-up LLM in the service's engine process, at concurrency 1,8,64,256, for each arm of ARMS in turn:
 # e2b, e4b, 31b (E2B_SWEEPS sweeps for the small models, 3 for the 31B), each optionally followed by
-# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--chunk=256: an A/B in one call; such
-# an arm's results go to $OUT/<model>-<its position in ARMS>/). An arm starts only if the time left allows it. Run from the repository root with the serve extra's
-# wheels in .whl/ (the image lacks fastapi, starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
+# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--chunk=256, for an A/B in one call; such an
+# arm's results go to $OUT/<model>-<its position in ARMS>/). An arm starts only if the time left allows.
+# Run from the repository root with the serve extra's wheels in .whl/ (the image lacks fastapi,
+# starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
 #   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS] [E2B_SWEEPS]    defaults: 530 s, "e2b 31b", 3
@@ -62,7 +63,7 @@ arm() {
   local engine=$(grep -o "engine process [0-9]*" "$d/host.log" | head -1 | cut -d" " -f3)
   [ -n "$engine" ] && kill -0 "$engine" 2>/dev/null && kill -KILL "$engine" && say "$name: killed the engine process $engine"
   say "$name: done; $(cat "$d/serve.jsonl" 2>/dev/null | wc -l) HTTP and $(cat "$d/offline.jsonl" 2>/dev/null | wc -l) offline records"
-  grep -E "warm-up done|draining|scheduled by|Traceback|Error" "$d/host.log" | head -8
+  grep -E "warm-up done|draining|Traceback|Error" "$d/host.log" | head -8
 }
 
 # E2B (h200_serve_final_e2b_host.log): build 12 s, warm-up (126 decode graphs, 12 piecewise buckets, the sampler
