@@ -9,19 +9,19 @@ step would take; the sleep costs no CPU), and runs `g4rt bench serve` (bench/ser
 in a subprocess for each point. Per point it records:
 
 * steps/s and tokens/s as the service delivered them (its /metrics counters);
-* CPU seconds of this process per step message, in all and per thread (the event loop, the reader
-  thread that formats outputs, the sender, the prepare pool), from /proc; the engine process's and
+* CPU seconds of this process per step message, in all and per thread (the event loop, which also
+  reads, formats and writes the pipe's messages; the prepare pool), from /proc; the engine process's and
   the client's CPU beside them (all share the machine's cores);
 * each request's first token split into five legs, joined by prompt (bench.serve.prompt_key) on the
   system-wide monotonic clock: client start -> its `Job` exists in the API process (connect, HTTP,
-  parsing, preparing) -> the engine's arrival (the sender thread, the pipe, the engine loop reading
-  commands between steps) -> the engine's first token (the engine's own TTFT) -> its chunk is formatted
-  on the reader thread (the rest of that step, the pipe back, the reader's queue) -> the client has it
-  (the event loop, the socket, the client's own loop).
+  parsing, preparing) -> the engine's arrival (the pipe, the engine loop reading commands between
+  steps) -> the engine's first token (the engine's own TTFT) -> its chunk is formatted (the rest of that
+  step, the pipe back, the event loop's turn to read it; the leg is still named `engine_to_reader_ms`)
+  -> the client has it (the event loop's writes, the socket, the client's own loop).
 
     python -m g4rt.bench.api_cost --step-ms 0,10 --concurrency 64,256 --out cpu_api_step_cost.jsonl
 
-`--apply-only` times the reader thread's part alone, in this process without a server: `Outputs.apply`
+`--apply-only` times the formatting alone, in this process without a server: `Outputs.apply`
 on steps of one new token for each of `--concurrency` streaming completions (no event loop, no pipe).
 """
 from __future__ import annotations
@@ -133,7 +133,7 @@ def _ticks(stat_path: str) -> float:
 def _thread_group(name: str) -> str:
     if name.startswith("g4rt-prepare"):
         return "prepare"
-    return {"g4rt-http": "event_loop", "g4rt-outputs": "reader", "g4rt-send": "sender"}.get(name, "other")
+    return "event_loop" if name == "g4rt-http" else "other"
 
 
 def cpu_snapshot(engine_pid: int) -> dict:
@@ -264,7 +264,7 @@ def apply_only(a, streams: int, steps: int = 40) -> dict:
                        "temperature": 0.0, "ignore_eos": True, "stream": True,
                        "stream_options": {"include_usage": True}, "return_token_ids": True}).encode()
     loop = asyncio.new_event_loop()
-    outputs._post = lambda posts: None  # nothing to deliver to: no loop runs
+    outputs._deliver = lambda posts: None  # nothing to deliver to: no loop runs
     best = float("inf")
     for _ in range(3):
         jobs = [outputs.Job(prepare.completion(body, ctx), "instant", loop, tok) for _ in range(streams)]

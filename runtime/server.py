@@ -84,10 +84,13 @@ class Server:
         if signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._loop.add_signal_handler(sig, self._begin_shutdown)
+        engine = self.service.engine
+        await engine.attach()  # an engine that died already is heard of at once (its end of file)
         self._looping.set()
-        if self.service.engine.failed:  # died before the loop could hear of it
-            self._begin_shutdown()
-        await self.uvicorn.serve(sockets=[self.sock])
+        try:
+            await self.uvicorn.serve(sockets=[self.sock])
+        finally:
+            await engine.detach()
 
     def run(self) -> int:
         """Serve until drained (blocking; signals are handled when called on the main thread). Returns 0,

@@ -1,4 +1,4 @@
-"""The reader thread's formatting alone (outputs.py, no server): streamed chunks, rendered from a
+"""The engine messages' formatting alone (outputs.py, no server): streamed chunks, rendered from a
 pre-built head with one batched detokenize per step, say exactly what the answer without streaming
 says, in canonical JSON."""
 from __future__ import annotations

@@ -9,10 +9,10 @@ client's Python and no client waits on a step:
 * the **API process** keeps everything else. Its **event loop** (uvicorn) reads bodies, checks
   auth and limits, writes bytes, and prepares completions of token ids in small bodies itself
   (prepare.cheap: cheaper than two thread hops); **worker threads** parse and validate other JSON,
-  render chat templates and tokenize (prepare.py); a **sender thread** forwards new requests and cancellations
-  to the engine, and a **reader thread** (client.py) takes the engine's messages and detokenizes,
-  applies stop strings, formats logprobs and encodes the SSE chunks and responses (outputs.py),
-  then posts them to the event loop in one call.
+  render chat templates and tokenize (prepare.py). The pipe to the engine is the event loop's too
+  (client.py): it writes new requests and cancellations at once, and takes the engine's messages
+  as they arrive, detokenizes, applies stop strings, formats logprobs and encodes the SSE chunks and
+  responses (outputs.py), streams that start or end first.
 
 Modules import one way: protocol, text, chat, metrics, wire  <-  prepare  <-  outputs (its `Spec`);
 wire  <-  engine_loop; outputs, engine_loop  <-  client  <-  app.

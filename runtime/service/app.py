@@ -158,7 +158,7 @@ async def read_body(request: Request, limit: int, timeout_s: float) -> bytes:
 class SSEResponse(Response):
     """text/event-stream of a job's chunks; a hang-up (seen on receive or on send) cancels the job."""
 
-    def __init__(self, job: Job, cancel):  # no body to render: the chunks come from the reader thread
+    def __init__(self, job: Job, cancel):  # no body to render: the chunks come from Outputs
         self.job, self.cancel = job, cancel
         self.status_code, self.background = 200, None
 

@@ -1,10 +1,9 @@
 """Engine token ids -> text, stop strings, logprobs, SSE chunks and responses (the API process).
 
 The engine process sends, after each step, the new tokens of every choice that got any (wire.Update);
-the client's reader thread (client.py) hands them to `Outputs.apply`, which turns them into bytes and
-posts one callback per batch to the event loop, which only writes them. A `Job` is one HTTP request
-(n choices x prompts); a `Choice` is one engine request and is touched by the reader thread alone
-once it runs.
+the client (client.py) hands them to `Outputs.apply` on the event loop, which turns them into bytes
+and gives each job its own; the job's response then writes them. A `Job` is one HTTP request
+(n choices x prompts); a `Choice` is one engine request.
 
 That path runs once per step for every running stream, so its per-stream work is kept small: the
 step's detokenizing is one tokenizer call for all streams (text.py), and a streamed chunk is its
@@ -13,7 +12,6 @@ choice's pre-rendered JSON head plus the few fields that change (the same bytes 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import time
@@ -101,13 +99,10 @@ class Outputs:
         self.cancel = cancel  # cancel(cids): stop strings end choices the engine still runs
 
     def apply(self, updates: list[tuple[Choice, Update]], accepted: list = ()) -> None:
-        """Format a step's updates and post them, with `accepted` jobs' (job, error or None), to the
-        event loop in one call. Streams that start or end this step go before the others: a first token
-        (time to first token) and a last one (a closed-loop client's cue for its next request) then
-        wait for no other stream's write."""
-        posts: dict[asyncio.AbstractEventLoop, list] = {}
-        for job, err in accepted:
-            posts.setdefault(job.loop, []).append((job, "accepted", err))
+        """Format a step's updates and deliver them, with `accepted` jobs' (job, error or None). Streams
+        that start or end this step go before the others: a first token (time to first token) and a last
+        one (a closed-loop client's cue for its next request) then wait for no other stream's write."""
+        posts = [(job, "accepted", err) for job, err in accepted]
         items: dict[Job, list] = {}  # in the order they came, per job
         urgent: set[Job] = set()
         try:
@@ -128,16 +123,15 @@ class Outputs:
                 err = APIError(500, "internal error while formatting output")
                 items.setdefault(c.job, []).extend(self._fail(c.job, err))
         for job in sorted(items, key=lambda j: j not in urgent):  # stable: the urgent ones first, in order
-            posts.setdefault(job.loop, []).extend(items[job])
-        _post(posts)
+            posts += items[job]
+        _deliver(posts)
 
     def fail(self, jobs, err: APIError) -> None:
         """End every job in `jobs` with `err` (the engine process died): pending admissions and streams."""
-        posts: dict[asyncio.AbstractEventLoop, list] = {}
+        posts = []
         for job in jobs:
-            posts.setdefault(job.loop, []).append((job, "accepted", err))
-            posts[job.loop] += self._fail(job, err)
-        _post(posts)
+            posts += [(job, "accepted", err)] + self._fail(job, err)
+        _deliver(posts)
 
     # ---- one step's detokenizing ----------------------------------------------------------------
     def _decode(self, updates: list[tuple[Choice, Update]]) -> list:
@@ -307,14 +301,8 @@ class Outputs:
         return [(job, "result", (err.status, json.dumps(err.body()).encode()))]
 
 
-def _post(posts: dict) -> None:
-    for loop, items in posts.items():
-        with contextlib.suppress(RuntimeError):  # the event loop already closed (shutdown)
-            loop.call_soon_threadsafe(_deliver, items)
-
-
 def _deliver(items: list) -> None:
-    """On the event loop: hand each job its admission, its chunks or its result."""
+    """Hand each job its admission, its chunks or its result."""
     for job, kind, payload in items:
         if kind == "chunk":
             job.push(payload)
