@@ -13,9 +13,9 @@ the inductor engine (GPU) and, once SIGTERM has drained it, runs the same worklo
 same warmed-up `LLM` in the service's engine process: the two arms share every compiled kernel and
 captured graph.
 
-The client is raw asyncio HTTP/1.1 (one connection per request, SSE parsed by hand) so that its own
-cost stays far below the server's: a general-purpose client spends more per chunk than a decode step
-of a small model lasts. `offline` runs the same prompts through `LLM` in-process at the same
+The client is raw asyncio HTTP/1.1 (connections kept alive, SSE parsed by hand once a response has
+ended) so that its own cost stays far below the server's: a general-purpose client spends more per
+chunk than a decode step of a small model lasts. `offline` runs the same prompts through `LLM` in-process at the same
 concurrency, the ceiling the service is compared against.
 """
 from __future__ import annotations
@@ -68,42 +68,86 @@ async def _body_chunks(reader, headers):
         yield await reader.readexactly(int(headers.get("content-length", 0)))
 
 
+class Connections:
+    """Idle keep-alive connections to one server, for one event loop: a request takes one (or opens
+    one) and gives it back once it has read the whole response, as the `openai` client's connection
+    pool does. A new connection per request would add a TCP handshake and the server's connection
+    set-up to every request's way in, which a closed-loop client pays on its critical path."""
+
+    def __init__(self, url: str):
+        u = urlsplit(url)
+        self.host, self.port = u.hostname, u.port or 80
+        self.idle: list = []
+        self.opened = 0
+
+    async def get(self) -> tuple:
+        """(reader, writer, reused)"""
+        if self.idle:
+            return (*self.idle.pop(), True)
+        self.opened += 1
+        return (*await asyncio.open_connection(self.host, self.port, limit=1 << 22), False)
+
+    def close(self) -> None:
+        for _, w in self.idle:
+            w.close()
+        self.idle.clear()
+
+
 async def request(url: str, path: str, body: dict | None, api_key: str | None = None,
-                  timeout: float = 600.0) -> Result:
+                  timeout: float = 600.0, conns: Connections | None = None) -> Result:
     """POST `body` to url+path (GET when it is None); with "stream": true, time every SSE chunk that
-    carries tokens."""
+    carries tokens. With `conns` the connection is kept alive and given back, else it is closed.
+    A chunk's arrival time is taken when its bytes come in, and chunks are parsed after the response
+    ended, so the client's own work per chunk stays small while streams are running."""
     u = urlsplit(url)
     r = Result(start=time.perf_counter())
     data = b"" if body is None else json.dumps(body).encode()
     auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
     post = "" if body is None else f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
     head = (f"{'GET' if body is None else 'POST'} {path} HTTP/1.1\r\nHost: {u.hostname}\r\n{post}{auth}"
-            f"Connection: close\r\n\r\n").encode()
-    writer = None
+            f"Connection: {'keep-alive' if conns else 'close'}\r\n\r\n").encode()
+    writer, keep, events = None, False, []
     try:
         async with asyncio.timeout(timeout):
-            reader, writer = await asyncio.open_connection(u.hostname, u.port or 80, limit=1 << 22)
-            writer.write(head + data)
-            await writer.drain()
-            r.status, headers = await _read_headers(reader)
-            if r.status != 200:
-                r.error = f"HTTP {r.status}"
-                return r
+            for attempt in (0, 1):
+                if conns is None:
+                    (reader, writer), reused = await asyncio.open_connection(u.hostname, u.port or 80,
+                                                                             limit=1 << 22), False
+                else:
+                    reader, writer, reused = await conns.get()
+                try:
+                    writer.write(head + data)
+                    await writer.drain()
+                    r.status, headers = await _read_headers(reader)
+                    break
+                except (ConnectionError, asyncio.IncompleteReadError):
+                    writer.close()
+                    writer = None
+                    if not reused or attempt:  # a kept connection the server had closed: one retry
+                        raise
+            keep = conns is not None and headers.get("connection", "").lower() != "close"
             buf = b""
             async for chunk in _body_chunks(reader, headers):
                 buf += chunk
                 while b"\n\n" in buf:
                     event, buf = buf.split(b"\n\n", 1)
-                    _event(r, event, time.perf_counter())
-            if body is not None and not body.get("stream"):
+                    events.append((event, time.perf_counter()))
+            for event, t in events:
+                _event(r, event, t)
+            if r.status != 200:
+                r.error = f"HTTP {r.status}"
+            elif body is not None and not body.get("stream"):
                 _final(r, json.loads(buf))
             r.ok = r.error is None
     except (OSError, asyncio.IncompleteReadError, asyncio.TimeoutError, ValueError) as e:
-        r.error = f"{type(e).__name__}: {e}"
+        r.error, keep = f"{type(e).__name__}: {e}", False
     finally:
         r.end = time.perf_counter()
         if writer is not None:
-            writer.close()
+            if keep:
+                conns.idle.append((reader, writer))
+            else:
+                writer.close()
     return r
 
 
@@ -183,13 +227,15 @@ def prompt_key(prompt: list[int]) -> str:
 
 async def run_point(url: str, model: str | None, items, *, concurrency: int | None, rate: float | None,
                     seed: int, api_key: str | None = None, path: str = "/v1/completions",
-                    records: list | None = None) -> dict:
+                    records: list | None = None, conns: Connections | None = None) -> dict:
     """One sweep point: closed loop at `concurrency`, or Poisson arrivals at `rate` (req/s) capped by it.
     The summary's `client_cpu_s` is this process's CPU time over the point (the load generator shares
     the host's cores with the server); `records`, when given, gets one dict per request (times in
-    `time.perf_counter`, the system-wide monotonic clock on Linux)."""
+    `time.perf_counter`, the system-wide monotonic clock on Linux). Connections are kept alive over the
+    point (`conns`, or a pool of its own)."""
     sem = asyncio.Semaphore(concurrency or len(items))
     rng = random.Random(seed)
+    pool = conns or Connections(url)
 
     async def one(prompt, out_len):
         async with sem:
@@ -197,7 +243,7 @@ async def run_point(url: str, model: str | None, items, *, concurrency: int | No
                     "stream_options": {"include_usage": True}, "return_token_ids": True}
             if model:
                 body["model"] = model
-            return await request(url, path, body, api_key)
+            return await request(url, path, body, api_key, conns=pool)
 
     t0, cpu0 = time.perf_counter(), time.process_time()
     tasks = []
@@ -208,6 +254,9 @@ async def run_point(url: str, model: str | None, items, *, concurrency: int | No
     results = await asyncio.gather(*tasks)
     res = summarize(results, time.perf_counter() - t0)
     res["client_cpu_s"] = time.process_time() - cpu0
+    res["connections"] = pool.opened  # over the point (and before it, when `conns` is shared)
+    if conns is None:
+        pool.close()
     if records is not None:
         records += [{"key": prompt_key(p), "start": r.start, "first": None if r.ttft is None else r.start + r.ttft,
                      "end": r.end, "tokens": r.output_tokens, "ok": r.ok} for (p, _), r in zip(items, results)]
@@ -274,18 +323,25 @@ def first_requests(args) -> dict:
     service's (positive: the first was slower)."""
     items = workload(args.first_requests, args.input_len, args.output_len, 0.0, args.vocab, args.seed)
     rs, server = [], {"server_ttft": [], "queue": []}
-    # This process's first connection costs it more than the later ones (its first event loop, socket
-    # and HTTP code paths): pay it on a GET /health, which the service answers as it does readiness probes.
-    asyncio.run(request(args.url, "/health", None, args.api_key))
-    before = server_sums(args.url)
-    for it in items:
-        time.sleep(args.idle_gap)
-        rs.append(asyncio.run(run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
-                                        api_key=args.api_key)))
-        after = server_sums(args.url)
-        for key in server:
-            server[key].append(server_delta(before, after, key))
-        before = after
+
+    async def series():
+        # This process's first connection costs it more than the later ones (its first socket and HTTP
+        # code paths): it is opened by a GET /health, which the service answers as it does readiness
+        # probes, and kept alive for the series, as a client's pool would.
+        conns = Connections(args.url)
+        await request(args.url, "/health", None, args.api_key, conns=conns)
+        before = server_sums(args.url)  # blocking: nothing else runs on this loop meanwhile
+        for it in items:
+            await asyncio.sleep(args.idle_gap)
+            rs.append(await run_point(args.url, args.model, [it], concurrency=1, rate=None, seed=args.seed,
+                                      api_key=args.api_key, conns=conns))
+            after = server_sums(args.url)
+            for key in server:
+                server[key].append(server_delta(before, after, key))
+            before = after
+        conns.close()
+        return conns.opened
+    opened = asyncio.run(series())
     ttft = [r["ttft_ms"]["p50"] for r in rs]
 
     def first_vs_rest(xs):
@@ -293,7 +349,7 @@ def first_requests(args) -> dict:
     return _emit(args, {"bench": "serve", "mode": "first_requests", "idle_gap_s": args.idle_gap,
                         "first_vs_rest_ms": {"client": first_vs_rest(ttft),
                                              "server": first_vs_rest(server["server_ttft"])},
-                        "ttft_ms": ttft,
+                        "ttft_ms": ttft, "connections": opened,
                         "server_ttft_ms": server["server_ttft"], "queue_ms": server["queue"],
                         "e2e_ms": [r["e2e_ms"]["p50"] for r in rs], "tpot_ms": [r["tpot_ms"]["p50"] for r in rs]})
 

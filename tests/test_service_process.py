@@ -18,7 +18,7 @@ import time
 import httpx
 import pytest
 
-from g4rt.bench.serve import add_arguments, first_requests, request, sweep
+from g4rt.bench.serve import Connections, add_arguments, first_requests, request, sweep
 
 BODY = {"prompt": "Hello héllo", "temperature": 0, "ignore_eos": True, "stream": True,
         "stream_options": {"include_usage": True}}
@@ -118,6 +118,7 @@ def test_bench_serve_splits_ttft_with_the_servers_metrics(server):
     health = health_gets()
     rec = first_requests(args)
     assert health_gets() == health + 1  # the client's own first connection went to /health
+    assert rec["connections"] == 1  # ... and the series kept it
     for client, api, queue in zip(rec["ttft_ms"], rec["server_ttft_ms"], rec["queue_ms"]):
         assert 0 < queue < api < client, rec
     for side, key in (("client", "ttft_ms"), ("server", "server_ttft_ms")):
@@ -126,8 +127,37 @@ def test_bench_serve_splits_ttft_with_the_servers_metrics(server):
     args = p.parse_args(["--url", url, "--num-prompts", "12", "--input-len", "8", "--output-len", "4",
                          "--vocab", "200", "--concurrency", "4"])
     rec, = sweep(args)
+    assert rec["connections"] == 4  # one per concurrent request, kept alive over the point
     assert rec["completed"] == 12 and 0 < rec["queue_ms_mean"] < rec["server_ttft_ms_mean"] < rec["ttft_ms"]["mean"], rec
     assert 0 <= rec["api_cpu_s"] < rec["duration_s"] * os.cpu_count(), rec
+
+
+def test_bench_client_retries_once_on_a_kept_connection_the_server_closed():
+    """A kept-alive connection the server closed while idle (its keep-alive timeout) costs the next
+    request a new connection, not an error; a fresh connection that fails is an error."""
+    seen = []
+
+    async def main():
+        async def handle(reader, writer):
+            seen.append(writer)
+            await reader.readuntil(b"\r\n\r\n")
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+            writer.close()  # as a server whose keep-alive timeout passed
+        srv = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = "http://127.0.0.1:%d" % srv.sockets[0].getsockname()[1]
+        conns = Connections(url)
+        first = await request(url, "/health", None, conns=conns)
+        await asyncio.sleep(0.05)  # the server's close reaches the idle connection
+        second = await request(url, "/health", None, conns=conns)
+        srv.close()
+        await srv.wait_closed()
+        gone = await request(url, "/health", None)
+        conns.close()
+        return first, second, gone, conns.opened
+    first, second, gone, opened = asyncio.run(main())
+    assert first.ok and second.ok and opened == 2 and len(seen) == 2, (first, second)
+    assert not gone.ok and "ConnectionRefusedError" in gone.error
 
 
 def _send_quietly(sock, data) -> None:
