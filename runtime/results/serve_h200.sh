@@ -3,14 +3,17 @@
 # under `g4rt bench serve`, then the same workloads (same prompts, same seed) offline through the same
 # warmed-up LLM in the service's engine process, at concurrency 1,8,64,256, for each arm of ARMS in turn:
 # e2b, e4b, 31b (E2B_SWEEPS sweeps for the small models, 3 for the 31B), each optionally followed by
-# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--chunk=256, for an A/B in one call; such an
-# arm's results go to $OUT/<model>-<its position in ARMS>/). An arm starts only if the time left allows.
+# @FLAG,FLAG... (more `bench serve host` flags, e.g. e2b@--chunk=256) or %TREE (host and client run the
+# package copied into the folder TREE, e.g. another commit's `git archive` in an ignored folder the call
+# carries), for an A/B in one call; such an arm's results go to $OUT/<model>-<its position in ARMS>/.
+# An arm starts only if the time left allows.
 # Run from the repository root with the serve extra's wheels in .whl/ (the image lacks fastapi,
 # starlette, pydantic, uvicorn); everything lands in $OUT/<arm>/.
 # Each arm has its own time limit, and each point is appended to its file as soon as it is measured, so
 # a failing or slow arm loses only its own unfinished points.
 #   bash runtime/results/serve_h200.sh [BUDGET_S] [ARMS] [E2B_SWEEPS]    defaults: 530 s, "e2b 31b", 3
 #   e.g. bash runtime/results/serve_h200.sh 470 "e2b e2b@--chunk=256" 3
+#        bash runtime/results/serve_h200.sh 530 "e2b%ab/old e2b e2b%ab/old e2b" 1
 # .whl/ (git-ignored; ~8 MB), for the image's Python 3.12:
 #   pip download -d .whl --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux2014_x86_64 \
 #     fastapi starlette pydantic pydantic-core annotated-types typing-extensions typing-inspection \
@@ -27,10 +30,15 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader > "$O
 left() { echo $((BUDGET - (SECONDS - START))); }
 say() { echo "[$((SECONDS - START)) s] $*"; }
 
-# arm NAME LIMIT_S "HOST FLAGS" "WORKLOAD FLAGS": serve, sweep over HTTP, SIGTERM (drain, then offline).
+# arm NAME LIMIT_S "HOST FLAGS" "WORKLOAD FLAGS" [TREE]: serve, sweep over HTTP, SIGTERM (drain, then offline).
 arm() {
   local name=$1 limit=$2 hostargs=$3 w=$4 d="$OUT/$1" url="" host
   mkdir -p "$d"
+  local PYTHONPATH=$PYTHONPATH
+  if [ -n "$5" ]; then  # this arm's package: TREE as g4rt, ahead of the checkout's
+    mkdir -p "/tmp/tree-$name" && ln -sfn "$PWD/$5" "/tmp/tree-$name/g4rt" && PYTHONPATH=/tmp/tree-$name:$PYTHONPATH
+    say "$name: the package in $5"
+  fi
   say "$name: starting the host (limit $limit s)"
   timeout -s KILL "$limit" python3 -m g4rt.bench.serve host $hostargs $w --out "$d/offline.jsonl" > "$d/host.log" 2>&1 &
   host=$!
@@ -73,8 +81,10 @@ HOST="--max-num-seqs 256 --max-model-len 256 --chunk 512"
 LOAD="--input-len 128 --output-len 32 --len-spread 0.25 --vocab 262144 --concurrency 1,8,64,256"
 n=0
 for a in $ARMS; do
-  n=$((n + 1)); model=${a%%@*}; flags=""; name=$model
-  [ "$a" != "$model" ] && flags=${a#*@} && flags=${flags//,/ } && name=$model-$n
+  n=$((n + 1)); tree=""; [[ $a == *%* ]] && tree=${a#*%} && a=${a%%\%*}
+  model=${a%%@*}; flags=""; name=$model
+  [ "$a" != "$model" ] && flags=${a#*@} && flags=${flags//,/ }
+  [ -n "$flags$tree" ] && name=$model-$n
   case $model in
     e2b|e4b) need=200; cap=270; host="--config $model $HOST --kv-gib 16 $flags"; w="--waves 6 $LOAD --repeat $E2B_SWEEPS" ;;
     31b) need=200; cap=100000; host="--config 31b $HOST --kv-gib 48 $flags"; w="--waves 2 $LOAD --repeat 3" ;;
@@ -82,6 +92,6 @@ for a in $ARMS; do
   esac
   if [ "$(left)" -lt "$need" ]; then say "$a: skipped, $(left) s left (needs >= $need)"; continue; fi
   limit=$(( $(left) - 5 )); [ "$limit" -gt "$cap" ] && limit=$cap
-  arm "$name" "$limit" "$host" "$w"
+  arm "$name" "$limit" "$host" "$w" "$tree"
 done
 say "all done"
