@@ -163,11 +163,15 @@ def load_into(model: Gemma4Model, cfg: Gemma4Config, ckpt_dir: str | Path, devic
 
 def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
     """Eval mode, kernels for the final device; on CUDA, q/k/v and gate/up packed into one matmul each
-    (Gemma4Model.pack_weights), which the eager and the compiled engine then share."""
+    (Gemma4Model.pack_weights), which the eager and the compiled engine then share. The weights packing
+    replaced go back to the device at once: torch's allocator would keep them cached (35.9 of the 31B's
+    57.2 GiB), and the KV arena, allocated outside it (runtime/arena.py), could not use them; on the
+    H200 the 31B's 48 GiB arena then failed to allocate."""
     model.eval()
     model.set_kernels(kernels or default_kernels(device))
     if next(model.parameters()).is_cuda:
         model.pack_weights()
+        torch.cuda.empty_cache()
     return model
 
 
