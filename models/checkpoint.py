@@ -158,15 +158,17 @@ def load_into(model: Gemma4Model, cfg: Gemma4Config, ckpt_dir: str | Path, devic
         if head.shape != model.embed_tokens.weight.shape or not torch.equal(
                 head.to(model.embed_tokens.weight), model.embed_tokens.weight):
             raise CheckpointError("lm_head.weight: stored, but differs from embed_tokens.weight (config says tied)")
+    del targets  # the module alone holds its weights now: those packing replaces are freed (_ready)
     return _ready(model, device, kernels)
 
 
 def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
     """Eval mode, kernels for the final device; on CUDA, q/k/v and gate/up packed into one matmul each
     (Gemma4Model.pack_weights), which the eager and the compiled engine then share. The weights packing
-    replaced go back to the device at once: torch's allocator would keep them cached (35.9 of the 31B's
-    57.2 GiB), and the KV arena, allocated outside it (runtime/arena.py), could not use them; on the
-    H200 the 31B's 48 GiB arena then failed to allocate."""
+    replaces must be held by the module alone (the loaders drop their own references first), so that
+    they are freed, and go back to the device at once: torch's allocator would keep them cached (35.9 of
+    the 31B's 57.2 GiB), and the KV arena, allocated outside it (runtime/arena.py), could not use them;
+    on the H200 the 31B's 48 GiB arena then failed to allocate."""
     model.eval()
     model.set_kernels(kernels or default_kernels(device))
     if next(model.parameters()).is_cuda:
@@ -287,4 +289,5 @@ def random_into(model: Gemma4Model, cfg: Gemma4Config, device, seed: int, kernel
     for name, shape in model_shapes(cfg).items():
         whole = _random_tensor(name, shape, cfg, g, init)
         targets[name].copy_(whole if take is None else take(name, whole))
+    del targets, whole  # as in load_into
     return _ready(model, device, kernels)

@@ -180,3 +180,29 @@ def test_packed_weights_keep_names_values_and_outputs(variant, tmp_path):
         with torch.inference_mode():
             out.append(model.logits(model(ids, torch.arange(len(ids)), cache)))
     torch.testing.assert_close(out[1], out[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("loader", ["load_model", "random_model"])
+def test_the_weights_packing_replaces_are_freed(loader, ckpt, monkeypatch):
+    """When the loaders pack (on CUDA, `_ready`), the module alone holds the weights packing replaces, so
+    they are freed (and the caller's empty_cache returns them to the device): a loader's own table of
+    them kept 35.9 GiB of the 31B's originals alive beside the packed copies on the H200."""
+    import weakref
+
+    from g4rt.models import checkpoint
+
+    alive = []
+
+    def ready_and_pack(model, device, kernels):
+        mlp = model.layers[0].mlp
+        originals = [weakref.ref(w) for w in (mlp.gate_proj.weight, mlp.up_proj.weight)]
+        model.pack_weights()
+        alive.extend(r() is not None for r in originals)  # still inside the loader, as on CUDA
+        return model
+    monkeypatch.setattr(checkpoint, "_ready", ready_and_pack)
+    if loader == "load_model":
+        model = checkpoint.load_model(ckpt)
+    else:
+        model = checkpoint.random_model(tiny_config("e2b"))
+    assert model.layers[0].mlp.gate_up_weight is not None
+    assert alive == [False, False], "a replaced weight is still referenced while the loader packs"
