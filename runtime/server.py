@@ -2,10 +2,11 @@
 
 `Server` owns the listening socket (bound before warm-up ends, listen backlog >= 2,048 so a burst of
 connections queues in the kernel instead of being reset) and the uvicorn server; the `Service` owns
-the engine process. SIGTERM or SIGINT drain: readiness turns 503 and new requests are refused, running requests
-go on for `shutdown_timeout_s`, then whatever still runs is ended with a final chunk
-(finish_reason "abort"), connections close, the engine process is stopped and waited for, and
-`run()` returns 0. A second signal exits at once. A dead engine process also shuts the server down,
+the engine process. Readiness waits for the engine's warm-up, then for the API process's own
+(`Service.warm_up`: requests through the app). SIGTERM or SIGINT drain: readiness turns 503 and new
+requests are refused, running requests go on for `shutdown_timeout_s`, then whatever still runs is
+ended with a final chunk (finish_reason "abort"), connections close, the engine process is stopped
+and waited for, and `run()` returns 0. A second signal exits at once. A dead engine process also shuts the server down,
 and `run()` returns 1.
 """
 from __future__ import annotations
@@ -49,7 +50,8 @@ class Server:
         self.sock.bind((host, port))
         self.sock.listen(backlog)
         self.host, self.port = self.sock.getsockname()[:2]
-        config = uvicorn.Config(build_app(service), lifespan="off", backlog=backlog, access_log=access_log,
+        self.app = build_app(service)
+        config = uvicorn.Config(self.app, lifespan="off", backlog=backlog, access_log=access_log,
                                 timeout_keep_alive=keep_alive_s, log_config=None,
                                 timeout_graceful_shutdown=int(shutdown_timeout_s) + 5)
         self.uvicorn = _Uvicorn(config)
@@ -87,9 +89,11 @@ class Server:
         engine = self.service.engine
         await engine.attach()  # an engine that died already is heard of at once (its end of file)
         self._looping.set()
+        warm = asyncio.create_task(self.service.warm_up(self.app))
         try:
             await self.uvicorn.serve(sockets=[self.sock])
         finally:
+            warm.cancel()
             await engine.detach()
 
     def run(self) -> int:

@@ -433,3 +433,38 @@ def test_an_unhandled_error_in_a_generation_endpoint_is_a_500_error_object(origi
             r = tc.post(path, json={"prompt": [1]})
             assert r.status_code == 500 and r.json() == {"error": {
                 "message": "internal error: RuntimeError", "type": "server_error", "param": None, "code": None}}
+
+
+def test_ready_only_after_the_api_warm_up(tiny, monkeypatch):
+    """/ready turns 200 only after the API process has sent its warm-up requests through its own app
+    (each kind WARM_ROUNDS times: streamed and plain token ids, text, chat), all answered 200, with
+    readiness still 503 while they run; generation is accepted meanwhile (the engine is warm)."""
+    from g4rt.runtime.service import app as app_module
+
+    calls = []
+    real = app_module.asgi_post
+
+    async def watched(app, path, body, headers):
+        service = app_module_service[0]
+        calls.append((path, service.ready, service.accepting))
+        status = await real(app, path, body, headers)
+        calls[-1] += (status,)
+        return status
+    app_module_service = []
+    monkeypatch.setattr(app_module, "asgi_post", watched)
+    monkeypatch.setattr(app_module.Service, "warm_up", _recording_warm_up(app_module.Service.warm_up,
+                                                                          app_module_service))
+    with serving(tiny, api_key=KEY) as (server, _):
+        assert ready(server)["api_warmup_s"] > 0
+        rounds = app_module.Service.WARM_ROUNDS
+        assert [c[0] for c in calls] == (["/v1/completions"] * 3 + ["/v1/chat/completions"]) * rounds
+        assert all(c[1:] == (False, True, 200) for c in calls), calls
+        metrics = httpx.get(server.url + "/metrics").text
+        assert f'g4rt_http_requests_total{{endpoint="/v1/chat/completions",status="200"}} {rounds}.0' in metrics
+
+
+def _recording_warm_up(warm_up, into: list):
+    async def recorded(self, app):
+        into.append(self)
+        return await warm_up(self, app)
+    return recorded

@@ -13,6 +13,7 @@ import asyncio
 import hmac
 import json
 import logging
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -61,7 +62,10 @@ class Service:
     """One engine process behind its client; `build_app(service)` is its HTTP front end.
 
     Constructing it starts the engine process and returns once that has built its LLM (warm-up then
-    goes on there: `ready` turns true when it is done); EngineStartError says why a build failed."""
+    goes on there); EngineStartError says why a build failed. Generation is accepted once the engine's
+    warm-up is done (`accepting`); readiness (`ready`, `/ready`) waits for `warm_up` as well."""
+
+    WARM_ROUNDS = 3  # of each warm-up request (warm_up)
 
     def __init__(self, engine: EngineSpec, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
                  template: ChatTemplate | None = None):
@@ -72,6 +76,8 @@ class Service:
         self.ctx = prepare.Context(config.served_model_name, self.engine.info["max_model_len"], tokenizer, template)
         self.pool = ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="g4rt-prepare")
         self.draining = False
+        self.warm = False  # warm_up is done
+        self.api_warmup_s: float | None = None
         self.created = now()
 
     @classmethod
@@ -84,18 +90,58 @@ class Service:
         self.pool.shutdown(wait=False, cancel_futures=True)
 
     @property
-    def ready(self) -> bool:
+    def accepting(self) -> bool:
         return self.engine.ready.is_set() and not self.draining and self.engine.failed is None
+
+    @property
+    def ready(self) -> bool:
+        return self.accepting and self.warm
 
     def stats(self) -> dict:
         s = self.engine.stats
         return {"ready": self.ready, "draining": self.draining, "running": s.running, "waiting": s.waiting,
                 "requests": s.requests, "free_frames": s.free, "frames": s.total, "warmup_s": self.engine.warmup_s,
-                "engine_error": self.engine.failed}
+                "api_warmup_s": self.api_warmup_s, "engine_error": self.engine.failed}
+
+    async def warm_up(self, app) -> None:
+        """Once the engine is warm, send `WARM_ROUNDS` of each kind of generation request (streamed and
+        not; token ids, text, chat where a tokenizer and a template allow) through `app` in this process,
+        then turn ready. The engine's warm-up (engine_loop.warm_up) drives the LLM directly: this one
+        runs what a request runs besides, the API process's parsing, admission, formatting and SSE
+        code and the engine loop's, whose first runs cost the first request after readiness more than
+        later ones. They are real requests: /metrics counts them."""
+        if not await self.engine.wait_ready():
+            return
+        t0 = time.perf_counter()
+        key = {"authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
+        ids = list(range(16, 32))  # below any vocab size
+        gen = {"max_tokens": 2, "ignore_eos": True, "temperature": 0}
+        bodies = [("/v1/completions", {"prompt": ids, "stream": True, "stream_options": {"include_usage": True},
+                                       "return_token_ids": True, **gen}),
+                  ("/v1/completions", {"prompt": ids, **gen})]
+        if self.ctx.tokenizer is not None:
+            bodies.append(("/v1/completions", {"prompt": "Hello", "stream": True, **gen}))
+            if self.ctx.template is not None:
+                bodies.append(("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hello"}],
+                                                        "stream": True, **gen}))
+        try:
+            for _ in range(self.WARM_ROUNDS):
+                for path, body in bodies:
+                    if not self.accepting:  # draining, or the engine died: nothing to warm for
+                        return
+                    status = await asgi_post(app, path, json.dumps(body).encode(), key)
+                    if status != 200:
+                        log.warning("API warm-up: POST %s answered %d", path, status)
+        except Exception:  # a bug here must not keep the service unready: it only costs the first request
+            log.exception("API warm-up failed; ready without it")
+        self.api_warmup_s = time.perf_counter() - t0
+        self.warm = True
+        self.metrics.ready.set(1)
+        log.info("API warm-up done in %.2f s: %d requests", self.api_warmup_s, self.WARM_ROUNDS * len(bodies))
 
     # ---- one generation request ------------------------------------------------------------------
     async def generate(self, request: Request, prepare_fn) -> Response:
-        if not self.ready:
+        if not self.accepting:
             raise APIError(503, "the server is draining" if self.draining else "the server is warming up",
                            code="not_ready", headers={"Retry-After": str(self.config.retry_after_s)})
         body = await read_body(request, self.config.max_body_bytes, self.config.read_timeout_s)
@@ -191,6 +237,33 @@ async def _watch(receive) -> None:
     """Returns when the client hangs up (ASGI's http.disconnect)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+async def asgi_post(app, path: str, body: bytes, headers: dict[str, str]) -> int:
+    """POST `body` (JSON) to `app` in this process, as uvicorn would hand it a loopback request; read
+    the whole response and return its status."""
+    status, done = 0, asyncio.Event()
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive():
+        if pending:
+            return pending.pop()
+        await done.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message):
+        nonlocal status
+        if message["type"] == "http.response.start":
+            status = message["status"]
+        elif message["type"] == "http.response.body" and not message.get("more_body"):
+            done.set()
+    hdrs = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    hdrs += [(k.encode(), v.encode()) for k, v in headers.items()]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": path, "raw_path": path.encode(), "root_path": "", "query_string": b"", "headers": hdrs,
+             "client": ("127.0.0.1", 0), "server": ("127.0.0.1", 0)}
+    await app(scope, receive, send)
+    return status
 
 
 class _Gate:

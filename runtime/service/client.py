@@ -95,6 +95,7 @@ class EngineClient:
         self._frames: _Frames | None = None
         self._fatal: str | None = None  # the engine loop's last word ("fatal"), before its end of file
         self._stop_sent = False
+        self._settled: asyncio.Event | None = None  # set when the engine is ready or gone (wait_ready)
         ctx = mp.get_context("spawn")
         self._conn, child = ctx.Pipe()
         # not a daemon: a tensor-parallel engine starts its rank processes from it
@@ -117,6 +118,7 @@ class EngineClient:
     # ---- on the event loop -----------------------------------------------------------------------
     async def attach(self) -> None:
         """Read and write the pipe on the running loop from now on (the server calls it first)."""
+        self._settled = asyncio.Event()
         sock = socket.socket(fileno=os.dup(self._conn.fileno()))  # the transport's own: closing it keeps ours
         self._transport, self._frames = await asyncio.get_running_loop().create_unix_connection(
             lambda: _Frames(self._message, self._lost), sock=sock)
@@ -133,6 +135,11 @@ class EngineClient:
             await asyncio.sleep(0.002)
         self._transport.close()
         await self._frames.lost
+
+    async def wait_ready(self) -> bool:
+        """Wait until the engine reports ready (True) or is gone (False)."""
+        await self._settled.wait()
+        return self.failed is None and self.ready.is_set()
 
     def submit(self, job: Job) -> None:
         if self.failed is not None:  # it died after the caller checked readiness: never leave a job waiting
@@ -172,7 +179,7 @@ class EngineClient:
             elif kind == "ready":
                 self.warmup_s = args[0]
                 self.ready.set()
-                self.metrics.ready.set(1)
+                self._settled.set()
             elif kind == "fatal":
                 self._fatal = f"the engine loop died: {args[0]}"
         except Exception as e:  # a bug here would leave every request waiting: fail them instead
@@ -189,6 +196,7 @@ class EngineClient:
     async def _engine_died(self) -> None:
         reason = self._fatal or "the engine process died"
         self.failed = reason  # from now on, new requests get 503
+        self._settled.set()
         code = await asyncio.to_thread(self._join, 5)
         self.failed = f"{reason} (exit code {code})"
         log.error("%s; failing every request in flight, the service cannot go on", self.failed)
