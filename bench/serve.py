@@ -15,8 +15,8 @@ captured graph.
 
 The client is raw asyncio HTTP/1.1 (connections kept alive, SSE parsed by hand once a response has
 ended) so that its own cost stays far below the server's: a general-purpose client spends more per
-chunk than a decode step of a small model lasts. `offline` runs the same prompts through `LLM` in-process at the same
-concurrency, the ceiling the service is compared against.
+chunk than a decode step of a small model lasts. `offline` runs the same prompts through `LLM`
+in-process at the same concurrency, the ceiling the service is compared against.
 """
 from __future__ import annotations
 
@@ -111,8 +111,8 @@ async def request(url: str, path: str, body: dict | None, api_key: str | None = 
         async with asyncio.timeout(timeout):
             for attempt in (0, 1):
                 if conns is None:
-                    (reader, writer), reused = await asyncio.open_connection(u.hostname, u.port or 80,
-                                                                             limit=1 << 22), False
+                    reader, writer = await asyncio.open_connection(u.hostname, u.port or 80, limit=1 << 22)
+                    reused = False
                 else:
                     reader, writer, reused = await conns.get()
                 try:

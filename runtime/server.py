@@ -6,8 +6,8 @@ the engine process. Readiness waits for the engine's warm-up, then for the API p
 (`Service.warm_up`: requests through the app). SIGTERM or SIGINT drain: readiness turns 503 and new
 requests are refused, running requests go on for `shutdown_timeout_s`, then whatever still runs is
 ended with a final chunk (finish_reason "abort"), connections close, the engine process is stopped
-and waited for, and `run()` returns 0. A second signal exits at once. A dead engine process also shuts the server down,
-and `run()` returns 1.
+and waited for, and `run()` returns 0. A second signal exits at once. A dead engine process also
+shuts the server down, and `run()` returns 1.
 """
 from __future__ import annotations
 
