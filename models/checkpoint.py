@@ -167,9 +167,9 @@ def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
     (Gemma4Model.pack_weights), which the eager and the compiled engine then share. The weights packing
     replaces must be held by the module alone (the loaders drop their own references first), so that
     they are freed as it goes (else the 31B's 35.9 GiB of them stay beside its packed copies: 93 GiB
-    at the peak for a 57.2 GiB model), and go back to the device at once: torch's allocator would keep them cached,
-    and the KV arena, allocated outside it (runtime/arena.py), could not use them; on the H200 the
-    31B's 48 GiB arena failed to allocate."""
+    at the peak for a 57.2 GiB model), and go back to the device at once: torch's allocator would keep
+    them cached, and the KV arena, allocated outside it (runtime/arena.py), could not use them; on the
+    H200 the 31B's 48 GiB arena failed to allocate."""
     model.eval()
     model.set_kernels(kernels or default_kernels(device))
     if next(model.parameters()).is_cuda:
