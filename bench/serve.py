@@ -106,15 +106,12 @@ async def request(url: str, path: str, body: dict | None, api_key: str | None = 
     post = "" if body is None else f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n"
     head = (f"{'GET' if body is None else 'POST'} {path} HTTP/1.1\r\nHost: {u.hostname}\r\n{post}{auth}"
             f"Connection: {'keep-alive' if conns else 'close'}\r\n\r\n").encode()
+    pool = conns or Connections(url)  # a pool of its own opens one connection, closed at the end
     writer, keep, events = None, False, []
     try:
         async with asyncio.timeout(timeout):
             for attempt in (0, 1):
-                if conns is None:
-                    reader, writer = await asyncio.open_connection(u.hostname, u.port or 80, limit=1 << 22)
-                    reused = False
-                else:
-                    reader, writer, reused = await conns.get()
+                reader, writer, reused = await pool.get()
                 try:
                     writer.write(head + data)
                     await writer.drain()
@@ -145,7 +142,7 @@ async def request(url: str, path: str, body: dict | None, api_key: str | None = 
         r.end = time.perf_counter()
         if writer is not None:
             if keep:
-                conns.idle.append((reader, writer))
+                pool.idle.append((reader, writer))
             else:
                 writer.close()
     return r

@@ -441,19 +441,19 @@ def test_ready_only_after_the_api_warm_up(tiny, monkeypatch):
     readiness still 503 while they run; generation is accepted meanwhile (the engine is warm)."""
     from g4rt.runtime.service import app as app_module
 
-    calls = []
-    real = app_module.asgi_post
+    services, calls = [], []  # the service under test (recorded as its warm-up starts), and each call
+    real_post, real_warm_up = app_module.asgi_post, app_module.Service.warm_up
 
-    async def watched(app, path, body, headers):
-        service = app_module_service[0]
-        calls.append((path, service.ready, service.accepting))
-        status = await real(app, path, body, headers)
-        calls[-1] += (status,)
-        return status
-    app_module_service = []
-    monkeypatch.setattr(app_module, "asgi_post", watched)
-    monkeypatch.setattr(app_module.Service, "warm_up", _recording_warm_up(app_module.Service.warm_up,
-                                                                          app_module_service))
+    async def warm_up(self, app):
+        services.append(self)
+        return await real_warm_up(self, app)
+
+    async def post(app, path, body, headers):
+        before = (path, services[0].ready, services[0].accepting)
+        calls.append(before + (await real_post(app, path, body, headers),))
+        return calls[-1][-1]
+    monkeypatch.setattr(app_module, "asgi_post", post)
+    monkeypatch.setattr(app_module.Service, "warm_up", warm_up)
     with serving(tiny, api_key=KEY) as (server, _):
         assert ready(server)["api_warmup_s"] > 0
         rounds = app_module.Service.WARM_ROUNDS
@@ -462,9 +462,3 @@ def test_ready_only_after_the_api_warm_up(tiny, monkeypatch):
         metrics = httpx.get(server.url + "/metrics").text
         assert f'g4rt_http_requests_total{{endpoint="/v1/chat/completions",status="200"}} {rounds}.0' in metrics
 
-
-def _recording_warm_up(warm_up, into: list):
-    async def recorded(self, app):
-        into.append(self)
-        return await warm_up(self, app)
-    return recorded

@@ -129,7 +129,7 @@ class EngineClient:
             return
         self._send(("stop", None))
         self._stop_sent = True
-        for _ in range(1000):  # the engine reads between steps: a step of a second at the very most
+        for _ in range(1000):  # up to 2 s: the engine reads between steps, which take far less
             if not self._transport.get_write_buffer_size():
                 break
             await asyncio.sleep(0.002)
