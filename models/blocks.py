@@ -1,7 +1,7 @@
 """The decoder's elementwise math: torch references, and their Triton kernels where the model runs them.
 
-`rms_norm`, `gelu_tanh_mul`, `apply_rope`, the two fused blocks built from them (`qkv_norm_rope`,
-`add_rms_norm`) and the MoE router's `route` are written as Hugging Face writes them.
+`rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
+`q_norm_rope`, `add_normed`, `add_rms_norm`) and the MoE router's `route` are written as Hugging Face writes them.
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, plugins/triton_moe.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -56,11 +56,26 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
             rms_norm(v, None, eps))
 
 
-def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """Gemma's post-norm residual step followed by the next pre-norm: h = residual + norm(x) * x_weight,
-    returned with norm(h) * out_weight."""
+def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """A KV-shared layer's projection [T, Hq * D] -> q [T, Hq, D], normed with `weight` and roped: the q part
+    of `qkv_norm_rope`, for layers that compute no k or v."""
+    return apply_rope(rms_norm(q.view(q.shape[0], -1, cos.shape[-1]), weight, eps), cos, sin)
+
+
+def add_normed(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, eps: float,
+               scale: torch.Tensor | None = None) -> torch.Tensor:
+    """Gemma's post-norm residual step, residual + norm(x) * x_weight, times the layer's `scale` (its
+    layer_scalar, a [1] tensor) where the step ends the layer. Each product and the sum are rounded
+    to the model dtype, as HF's separate ops round them."""
     h = residual + rms_norm(x, x_weight, eps)
+    return h if scale is None else h * scale
+
+
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                 eps: float, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_normed` followed by the next pre-norm: h, returned with norm(h) * out_weight. The next norm
+    may be the next layer's input norm (or the final norm after the last layer): the layer's tail."""
+    h = add_normed(residual, x, x_weight, eps, scale)
     return h, rms_norm(h, out_weight, eps)
 
 
@@ -74,4 +89,4 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 
 
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
-             "add_rms_norm": add_rms_norm}
+             "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm}

@@ -134,9 +134,10 @@ class Attention(nn.Module):
             return block("qkv_norm_rope", self.kernels, F.linear(x, self.qkv_weight), self.q_norm.weight,
                          self.k_norm.weight, self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads,
                          self.v_proj is None)
-        q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
-        if self.k_proj is None:
+        if self.k_proj is None:  # a KV-shared layer: q's norm and RoPE, one block
+            q = block("q_norm_rope", self.kernels, self.q_proj(x), self.q_norm.weight, self.q_norm.eps, cos, sin)
             return q, None, None
+        q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
         k_raw = self.k_proj(x).view(T, -1, D)
         # k_eq_v: V is v_norm of the raw k_proj output.
         v_raw = k_raw if self.v_proj is None else self.v_proj(x).view(T, -1, D)
@@ -243,33 +244,38 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm_2 = norm()
             self.pre_feedforward_layernorm_2 = norm()
 
-    def forward(self, h, cos, sin, attention: AttentionFn, ple: torch.Tensor | None):
-        q, k, v = self.attention_inputs(h, cos, sin)
-        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple)
+    def forward(self, h, x, cos, sin, attention: AttentionFn, ple: torch.Tensor | None, next_norm: torch.Tensor):
+        """h: the residual stream entering the layer; x: its input norm, input_layernorm(h), which the layer
+        before computed in its tail. Returns (h, next_norm's norm of h): the layer's tail is one fused
+        block that ends with the next layer's input norm (or, after the last layer, the final norm)."""
+        q, k, v = self.attention_inputs(x, cos, sin)
+        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple, next_norm)
 
     # The layer in two pieces around the attention call. The inductor engine compiles each piece once for
     # all layers of a kind: neither reads the layer's index (the attention call does, for its cache
-    # offsets), so layers of one shape share one compiled graph.
-    def attention_inputs(self, h, cos, sin):
-        return self.self_attn.project(self.input_layernorm(h), cos, sin)
+    # offsets), and the next norm's weight is an argument, so layers of one shape share one compiled graph.
+    def attention_inputs(self, x, cos, sin):
+        return self.self_attn.project(x, cos, sin)
 
-    def after_attention(self, h, o, ple):
+    def after_attention(self, h, o, ple, next_norm):
         post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
+        eps = post.eps
         # (h, pre(h)) with h = residual + post(o_proj(o)): a post-norm residual step and the next pre-norm.
         h, x = block("add_rms_norm", self.kernels, h, self.self_attn.o_proj(o.reshape(o.shape[0], -1)), post.weight,
-                     pre.weight, post.eps)
+                     pre.weight, eps)
         m = self.mlp(x)
         if self.has_moe:
             # The dense MLP is the shared expert; router and experts read the un-normed residual.
             w, idx = self.router(h)
             moe = self.experts(self.pre_feedforward_layernorm_2(h), idx, w)
             m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(moe)
-        h = h + self.post_feedforward_layernorm(m)
-
+        post = self.post_feedforward_layernorm
         if self.has_ple:
+            h = block("add_normed", self.kernels, h, m, post.weight, eps)
             g = block("gelu_tanh_mul", self.kernels, self.per_layer_input_gate(h), ple)
-            h = h + self.post_per_layer_input_norm(self.per_layer_projection(g))
-        return h * self.layer_scalar
+            m, post = self.per_layer_projection(g), self.post_per_layer_input_norm
+        # The tail: h + post(m), times layer_scalar, then the next input norm, in one block.
+        return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm, eps, self.layer_scalar)
 
 
 def _round_to(x: float, dtype: torch.dtype) -> float:
@@ -278,7 +284,7 @@ def _round_to(x: float, dtype: torch.dtype) -> float:
 
 
 class Gemma4Model(nn.Module):
-    """The text decoder. `forward` -> pre-norm hidden [T, H]; `logits(hidden rows)` -> fp32 logits."""
+    """The text decoder. `forward` -> final-normed hidden [T, H]; `logits(hidden rows)` -> fp32 logits."""
 
     kernels = "reference"
 
@@ -341,7 +347,8 @@ class Gemma4Model(nn.Module):
         return (proj + tok) * 2.0 ** -0.5
 
     def forward(self, token_ids: torch.Tensor, positions: torch.Tensor, attention: AttentionFn) -> torch.Tensor:
-        """token_ids, positions: int [T] (flat varlen batch) -> hidden [T, H] before the final norm."""
+        """token_ids, positions: int [T] (flat varlen batch) -> hidden [T, H] after the final norm (HF's
+        last_hidden_state), which the last layer's tail computes for every row in the same launch."""
         cfg = self.config
         ids = token_ids.long()
         h = self._scaled_embed(self.embed_tokens, ids, cfg.hidden_size ** 0.5)
@@ -350,14 +357,16 @@ class Gemma4Model(nn.Module):
             True: rope_cos_sin(self.sliding_inv_freq, positions, h.dtype),
             False: rope_cos_sin(self.full_inv_freq, positions, h.dtype),
         }
+        x = self.layers[0].input_layernorm(h)
         for i, layer in enumerate(self.layers):
             cos, sin = rope[layer.self_attn.kv.sliding]
-            h = layer(h, cos, sin, attention, ple[:, i] if ple is not None else None)
-        return h
+            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
+            h, x = layer(h, x, cos, sin, attention, ple[:, i] if ple is not None else None, nxt.weight)
+        return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden rows [R, H] -> fp32 logits [R, vocab]: final norm, tied lm_head, softcap in model dtype."""
-        x = F.linear(self.norm(hidden), self.embed_tokens.weight)
+        """final-normed hidden rows [R, H] -> fp32 logits [R, vocab]: tied lm_head, softcap in model dtype."""
+        x = F.linear(hidden, self.embed_tokens.weight)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             x = torch.tanh(x / cap) * cap

@@ -1,5 +1,5 @@
-"""Triton kernels for the decoder's elementwise blocks: RMSNorm, the gated GELU, and two fused blocks
-(q/k/v norms with RoPE; post-norm, residual add and the next pre-norm).
+"""Triton kernels for the decoder's elementwise blocks: RMSNorm, the gated GELU, and fused blocks
+(q/k/v norms with RoPE; post-norm, residual add, the layer scalar and the next pre-norm).
 
 Why kernels for such simple math: the eager and the compiled engine must compute the same bits.
 Inductor fuses `x.pow(2).mean()` into a reduction of its own, summed in another order than
@@ -151,8 +151,15 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     return q, k, v
 
 
+def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """See models.blocks.q_norm_rope: the q/k/v kernel's launch with no k or v heads."""
+    D = cos.shape[-1]
+    return qkv_norm_rope(q, weight, weight, eps, cos, sin, q.shape[-1] // D, 0, False)[0]
+
+
 @triton.jit
-def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, ow_ptr, h_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_ptr, eps, D: tl.constexpr,
+                         BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr):
     row = tl.program_id(0).to(tl.int64) * D
     c = tl.arange(0, BLOCK)
     ok = c < D
@@ -160,24 +167,46 @@ def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, ow_ptr, h_ptr, out_ptr, eps, D:
     x = tl.load(x_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
     y = x / _rms(x, D, eps) * tl.load(xw_ptr + c, mask=ok, other=0.0).to(tl.float32)
     h = (tl.load(res_ptr + row + c, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
+    if HAS_SCALE:  # the layer_scalar: eager rounds the sum, then the product
+        h = (h.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
     tl.store(h_ptr + row + c, h, mask=ok)
-    hf = h.to(tl.float32)
-    z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row + c, z.to(dtype), mask=ok)
+    if HAS_OUT:
+        hf = h.to(tl.float32)
+        z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + row + c, z.to(dtype), mask=ok)
 
 
-def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
-                 eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """See models.blocks.add_rms_norm: one launch per token row for norm, residual add and the next norm."""
+def _add_norm_launch(residual, x, x_weight, scale, out_weight, eps):
+    """One launch per token row: norm(x) * x_weight added to residual [times scale] -> h, and with
+    out_weight the next norm of h. Returns (h, out or None)."""
     D = x.shape[-1]
+    if residual.shape != x.shape:
+        raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ in shape")
+    if scale is not None and scale.numel() != 1:
+        raise ValueError(f"scale must hold one value (the layer_scalar), got shape {tuple(scale.shape)}")
     residual, x = residual.contiguous(), x.contiguous()
-    h, out = torch.empty_like(residual), torch.empty_like(residual)
+    h = torch.empty_like(residual)
+    out = None if out_weight is None else torch.empty_like(residual)
     rows = residual.numel() // D if D else 0
     if rows:
         block = triton.next_power_of_2(D)
-        _add_rms_norm_kernel[(rows,)](residual, x, x_weight, out_weight, h, out, float(eps), D=D, BLOCK=block,
-                                      num_warps=_row_warps(block))
+        _add_rms_norm_kernel[(rows,)](residual, x, x_weight, x_weight if scale is None else scale,
+                                      x_weight if out_weight is None else out_weight, h, h if out is None else out,
+                                      float(eps), D=D, BLOCK=block, HAS_SCALE=scale is not None,
+                                      HAS_OUT=out is not None, num_warps=_row_warps(block))
     return h, out
+
+
+def add_normed(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, eps: float,
+               scale: torch.Tensor | None = None) -> torch.Tensor:
+    """See models.blocks.add_normed: one launch per token row for the norm, the residual add and the scale."""
+    return _add_norm_launch(residual, x, x_weight, scale, None, eps)[0]
+
+
+def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                 eps: float, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """See models.blocks.add_rms_norm: one launch per token row for norm, residual add, scale and the next norm."""
+    return _add_norm_launch(residual, x, x_weight, scale, out_weight, eps)
 
 
 # ---- the kernels as opaque custom ops: one node each for torch.compile, run by eager and compiled alike ----
@@ -216,12 +245,35 @@ def _(qkv, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v)
     return qkv.new_empty(T, num_q_heads, D), qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
 
 
+@torch.library.custom_op("g4rt::q_norm_rope", mutates_args=())
+def _q_norm_rope_op(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                    sin: torch.Tensor) -> torch.Tensor:
+    return q_norm_rope(q, weight, eps, cos, sin)
+
+
+@_q_norm_rope_op.register_fake
+def _(q, weight, eps, cos, sin):
+    D = cos.shape[-1]
+    return q.new_empty(q.shape[0], q.shape[-1] // D, D)
+
+
+@torch.library.custom_op("g4rt::add_normed", mutates_args=())
+def _add_normed_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, eps: float,
+                   scale: torch.Tensor | None = None) -> torch.Tensor:
+    return add_normed(residual, x, x_weight, eps, scale)
+
+
+@_add_normed_op.register_fake
+def _(residual, x, x_weight, eps, scale=None):
+    return torch.empty_like(residual)
+
+
 @torch.library.custom_op("g4rt::add_rms_norm", mutates_args=())
 def _add_rms_norm_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
-                     eps: float) -> tuple[torch.Tensor, torch.Tensor]:
-    return add_rms_norm(residual, x, x_weight, out_weight, eps)
+                     eps: float, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    return add_rms_norm(residual, x, x_weight, out_weight, eps, scale)
 
 
 @_add_rms_norm_op.register_fake
-def _(residual, x, x_weight, out_weight, eps):
+def _(residual, x, x_weight, out_weight, eps, scale=None):
     return torch.empty_like(residual), torch.empty_like(residual)

@@ -112,6 +112,43 @@ def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
         model.set_kernels("cuda")
 
 
+@pytest.mark.parametrize("name", ["31b", "e2b"])
+def test_a_forward_runs_the_layer_tails_as_one_block(name):
+    """What one forward dispatches with the Triton kernels and packed weights: each layer's norms are fused
+    blocks (two `add_rms_norm`, the second ending in the next layer's input norm or the final norm; for
+    PLE models also one `add_normed`), a KV-shared layer's q norm and RoPE is one `q_norm_rope`, and no
+    residual add, layer scalar or RoPE is left to ATen (each would be a kernel of its own or Inductor's)."""
+    from collections import Counter
+
+    from conftest import tiny_config
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from g4rt.models.checkpoint import random_model
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen[func._schema.name] += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg = tiny_config(name, dtype="bfloat16")
+    model = random_model(cfg, torch.bfloat16, "cpu", seed=0, kernels="triton")
+    model.pack_weights()
+    L, shared = cfg.num_hidden_layers, cfg.num_kv_shared_layers
+    with torch.inference_mode(), Ops() as ops:
+        model(torch.tensor([5, 9]), torch.tensor([7, 8]), lambda layer, q, k, v: torch.ones_like(q))
+    g4 = {k: v for k, v in ops.seen.items() if k.startswith("g4rt::")}
+    ple = cfg.has_ple
+    assert g4 == {"g4rt::add_rms_norm": 2 * L, "g4rt::qkv_norm_rope": L - shared, "g4rt::gelu_tanh_mul": L * (1 + ple),
+                  "g4rt::rms_norm": 1 + ple, **({"g4rt::add_normed": L, "g4rt::q_norm_rope": shared} if ple else {})}
+    # What ATen still computes is the step's prologue, none of it per layer: the embedding's scale and the
+    # two RoPE tables' angles (3 multiplies), and for PLE models the per-layer inputs (3 scales, 1 add).
+    assert ops.seen["aten::add"] == ple and ops.seen["aten::mul"] == 3 + 3 * ple and ops.seen["aten::neg"] == 0
+
+
 def close(got: torch.Tensor, want: torch.Tensor, scale: float):
     """A fused block against the reference: fp32 to the order of its sums; bf16 within a few ulps of the
     values' scale (the interpreter truncates fp32 -> bf16 where the GPU and torch round to nearest, so
@@ -141,10 +178,43 @@ def test_qkv_norm_rope_matches_reference(k_eq_v, D, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_add_rms_norm_matches_reference(dtype):
+def test_q_norm_rope_matches_reference(dtype):
+    """A KV-shared layer's q block: the q/k/v kernel launched with no k or v heads gives the q of the
+    reference (and of the three-part block on the same q)."""
+    from g4rt.models.model import rope_cos_sin
+    g = torch.Generator().manual_seed(1)
+    T, hq, D = 3, 4, 256
+    q = (torch.randn(T, hq * D + 8, generator=g) * 2).to(dtype)[:, :hq * D]  # strided tokens
+    w = (0.5 + 0.1 * torch.randn(D, generator=g)).to(dtype)
+    cos, sin = rope_cos_sin(1.0 / (10000 ** (torch.arange(0, D, 2).float() / D)), torch.tensor([0, 9, 511]), dtype)
+    got = tn.q_norm_rope(q, w, 1e-6, cos, sin)
+    assert got.shape == (T, hq, D)
+    close(got, reference.q_norm_rope(q, w, 1e-6, cos, sin), scale=2.0)
+    close(got, reference.qkv_norm_rope(torch.cat([q, q[:, :2 * D]], -1), w, w, 1e-6, cos, sin, hq, 1, False)[0], 2.0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("scaled", [False, True])
+def test_add_rms_norm_matches_reference(dtype, scaled):
+    """The fused post-norm + residual (+ layer_scalar) + next-norm block, and its one-output form
+    `add_normed`, against the references; a scale of 1 would hide a missing multiply, so it is 0.6."""
     g = torch.Generator().manual_seed(0)
     res, x = [(torch.randn(5, 5376, generator=g) * 3).to(dtype) for _ in range(2)]
     xw, ow = [(1 + 0.2 * torch.randn(5376, generator=g)).to(dtype) for _ in range(2)]
-    got, want = tn.add_rms_norm(res, x, xw, ow, 1e-6), reference.add_rms_norm(res, x, xw, ow, 1e-6)
+    scale = torch.tensor([0.6], dtype=dtype) if scaled else None
+    got = tn.add_rms_norm(res, x, xw, ow, 1e-6, scale)
+    want = reference.add_rms_norm(res, x, xw, ow, 1e-6, scale)
     close(got[0], want[0], scale=16.0)
     close(got[1], want[1], scale=4.0)
+    assert torch.equal(tn.add_normed(res, x, xw, 1e-6, scale), got[0])
+    unscaled = reference.add_normed(res, x, xw, 1e-6)
+    assert scaled == (not torch.equal(want[0], unscaled))
+
+
+def test_add_normed_refuses_bad_shapes():
+    with pytest.raises(ValueError, match=r"residual \(2, 8\) and x \(2, 4\) differ"):
+        tn.add_normed(torch.zeros(2, 8), torch.zeros(2, 4), torch.ones(4), 1e-6)
+    with pytest.raises(ValueError, match=r"scale must hold one value .* shape \(8,\)"):
+        tn.add_normed(torch.zeros(2, 8), torch.zeros(2, 8), torch.ones(8), 1e-6, torch.ones(8))
+
+
