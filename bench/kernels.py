@@ -2,6 +2,8 @@
 
     python -m g4rt.bench.kernels --out DIR [--quick]
     python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
+    python -m g4rt.bench.kernels --out DIR --decode-short      # E2B/E4B batch-1 decode, split counts
+    python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -49,7 +51,16 @@ LAYERS = {
     "31B-sliding": (32, 16, 256, 1024, 16),
     "26B-sliding": (16, 8, 256, 1024, 16),
     "31B-full": (32, 4, 512, None, 160),
+    "E2B-sliding": (8, 1, 256, 512, 16),
+    "E2B-full": (8, 1, 512, None, 32),
+    "E4B-sliding": (8, 2, 256, 512, 16),
+    "E4B-full": (8, 2, 512, None, 32),
 }
+DECODE_LAYERS = ("31B-sliding", "26B-sliding", "31B-full")  # the full decode grid's layers
+# --decode-short: the small models' layers at batch 1 and short context, where one (sequence, KV head)
+# is one program and the step is latency-bound; forced split counts, to set decode_splits' shortest run.
+SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024, 4096)}
+SHORT_SPLITS = (1, 2, 4, 8, 16)
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
 MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
@@ -61,7 +72,11 @@ PREFILL_SWEEP = {
                  for r, n, w, st, v, i in [(64, 32, 8, 1, 1, True), (64, 32, 8, 1, 1, False),
                                            (128, 64, 8, 1, 2, False), (128, 32, 8, 1, 2, True),
                                            (64, 64, 8, 1, 2, True), (128, 64, 8, 1, 4, True),
-                                           (64, 32, 4, 2, 2, True), (128, 128, 8, 1, 4, True)]],
+                                           (64, 32, 4, 2, 2, True), (128, 128, 8, 1, 4, True),
+                                           # whole columns with 16 warps: the accumulator at 128
+                                           # fp32 registers a thread, QK^T computed once
+                                           (128, 32, 16, 1, 1, False), (64, 64, 16, 1, 1, False),
+                                           (64, 64, 8, 1, 1, False), (128, 64, 16, 1, 2, False)]],
     "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
                     for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
                                            (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]]
@@ -394,6 +409,9 @@ def main(argv=None):
     ap.add_argument("--prefill-only", action="store_true",
                     help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
     ap.add_argument("--layers", default="31B-full,31B-sliding", help="the layers --prefill-only runs")
+    ap.add_argument("--decode-short", action="store_true",
+                    help="only batch-1 decode of the E2B/E4B layers at short context, split counts forced "
+                         f"to {SHORT_SPLITS} (what decode_splits' shortest run should be)")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
@@ -422,6 +440,13 @@ def main(argv=None):
             for cfg in PREFILL_SWEEP[layer]:
                 guarded(res, "prefill_sweep", prefill_case, layer, 8192, 8192, peak, config=cfg)
         return _write(res, args.out, t_start)
+    if args.decode_short:
+        for layer in ("E2B-sliding", "E2B-full", "E4B-sliding", "E4B-full"):
+            for ctx in SHORT_CONTEXTS["sliding" if LAYERS[layer][3] else "full"]:
+                for s in SHORT_SPLITS:
+                    guarded(res, "decode_sweep", decode_case, layer, 1, ctx, peak, try_flex=False, flex_fn=None,
+                            splits=s, sdpa=s == 1)
+        return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()
     except Exception as e:  # noqa: BLE001
@@ -429,7 +454,8 @@ def main(argv=None):
 
     contexts = [1024, 8192, 131072] if args.quick else CONTEXTS
     batches = [1, 64] if args.quick else BATCHES
-    for layer, (hq, hkv, d, window, page) in LAYERS.items():
+    for layer in DECODE_LAYERS:
+        hq, hkv, d, window, page = LAYERS[layer]
         for ctx in contexts:
             for b in batches:
                 keys = min(ctx, window) if window else ctx

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# H200 calls for the fused layer tails (the tail of each layer, post-norm + residual + layer scalar +
+# the next layer's input norm, one kernel; a KV-shared layer's q norm and RoPE, one kernel) and the
+# attention sweeps that set the next defaults. One PART per device call:
+#
+#   fuse    E2B and E4B batch-1 decode, the package in ab/old (the commit before the fused tails, from
+#           `git archive`, carried) against this checkout, arms alternated, a fresh process each (E2B 2
+#           per arm, E4B 1): greedy tokens against the eager engine, the decode graph's replay and its
+#           kernels by kind (bench.engine --profile).
+#   fuse31  the same for the 31B at batch 1, one arm each, then the kernel sweeps: the small models'
+#           batch-1 decode attention at forced split counts (bench.kernels --decode-short) and the
+#           head-dim-512 8k prefill tiles (--prefill-only --layers 31B-full).
+#   big     this checkout's 31B decode step wall vs replay at batch 1, 64, 128, 256 (2 repetitions), the
+#           8k time to first token, and a profile of the batch-256 decode step by kernel kind.
+#
+#     git archive --prefix=ab/old/g4rt/ b9b968a | tar -x   # once, before `fuse` / `fuse31` (ab/ is ignored)
+#     bash export/results/s9_h200.sh PART [budget_s]      # default 560 s; results under $OUT; carry ab/old
+PART=${1:?PART: fuse, fuse31 or big}
+BUDGET=${2:-560}
+TAG=s9-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+OLD=$PWD/ab/old
+# ab ARM REP NAME CAP ARGS...: bench.engine ARGS from the package of ARM (old: ab/old, new: this checkout),
+# its records tagged with the arm and repetition and appended to $OUT/NAME.jsonl.
+ab() {
+  local arm=$1 rep=$2 name=$3 cap=$4 pp=/tmp/pkg; shift 4
+  [ "$arm" = old ] && pp=$OLD
+  [ "$arm" = old ] && [ ! -d "$OLD/g4rt" ] && { echo "[$TAG] no $OLD/g4rt: git archive it first"; return 1; }
+  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" python3 -m g4rt.bench.engine --out "$OUT/${name}_${arm}_$rep" "$@"
+  python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
+    for l in open(sys.argv[3])]" "$arm" "$rep" "$OUT/${name}_${arm}_$rep/export_bench.jsonl" >> "$OUT/$name.jsonl"
+  rm -rf "$OUT/${name}_${arm}_$rep"
+}
+small=(--skip-hf --batches 1 --new-tokens 32 --profile)
+case $PART in
+  fuse)
+    for rep in 1 2; do
+      for arm in old new; do ab $arm $rep e2b 110 --config e2b "${small[@]}"; done
+    done
+    for arm in old new; do ab $arm 1 e4b 120 --config e4b "${small[@]}"; done
+    ;;
+  fuse31)
+    for arm in old new; do ab $arm 1 31b 170 --config 31b "${small[@]}"; done
+    run_part kernels_short 100 python3 -m g4rt.bench.kernels --out "$OUT/short" --decode-short
+    run_part kernels_prefill 120 python3 -m g4rt.bench.kernels --out "$OUT/prefill" --prefill-only --layers 31B-full
+    ;;
+  big)
+    run_part big 330 python3 -m g4rt.bench.engine --config 31b --out "$OUT/31b" --skip-hf --batches "" \
+      --engines inductor --decode-steps 1,64,128,256 --reps 2 --ttft 8192 --ttft-chunks 2048,8192
+    run_part b256 200 python3 -m g4rt.bench.engine --config 31b --out "$OUT/31b_b256" --skip-hf --batches 256 \
+      --new-tokens 8 --engines inductor --profile
+    cat "$OUT"/31b*/export_bench.jsonl > "$OUT/engine_31b.jsonl" 2>/dev/null
+    rm -rf "$OUT/31b" "$OUT/31b_b256"
+    ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+for f in "$OUT"/*.log; do echo "== $f"; grep -v '"trace"' "$f" | grep -v '"stage"' | grep -v Warning | tail -5; done > "$OUT/parts.txt"
+rm -f "$OUT"/*.log  # their tails are in parts.txt, their records in the jsonl files
+ls -R "$OUT"
