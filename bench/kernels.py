@@ -312,7 +312,7 @@ SAMPLER_KINDS = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_5
                  "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9)}
 
 
-SAMPLER_TILES = [(1024, 4), (2048, 8), (512, 4)]  # (block, num_warps) besides the default (1024, 8)
+SAMPLER_TILES = [(1024, 8), (1024, 4), (4096, 8), (2048, 16)]  # (block, num_warps) besides the default (2048, 8)
 
 
 def _events_ms(fn, calls: int) -> float:
