@@ -2,7 +2,7 @@
 
     python -m g4rt.bench.kernels --out DIR [--quick]
     python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
-    python -m g4rt.bench.kernels --out DIR --decode-short      # E2B/E4B batch-1 decode, split counts
+    python -m g4rt.bench.kernels --out DIR --decode-short      # batch-1 decode at short context, split counts
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
@@ -57,9 +57,10 @@ LAYERS = {
     "E4B-full": (8, 2, 512, None, 32),
 }
 DECODE_LAYERS = ("31B-sliding", "26B-sliding", "31B-full")  # the full decode grid's layers
-# --decode-short: the small models' layers at batch 1 and short context, where one (sequence, KV head)
-# is one program and the step is latency-bound; forced split counts, to set decode_splits' shortest run.
-SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024, 4096)}
+# --decode-short: batch 1 at short context, where decode_splits gives one program per KV head (no run
+# under 256 keys) and the step is latency-bound; forced split counts, to set its shortest run.
+SHORT_LAYERS = ("E2B-sliding", "E2B-full", "E4B-sliding", "E4B-full", "31B-sliding", "31B-full")
+SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16)
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
@@ -410,8 +411,8 @@ def main(argv=None):
                     help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
     ap.add_argument("--layers", default="31B-full,31B-sliding", help="the layers --prefill-only runs")
     ap.add_argument("--decode-short", action="store_true",
-                    help="only batch-1 decode of the E2B/E4B layers at short context, split counts forced "
-                         f"to {SHORT_SPLITS} (what decode_splits' shortest run should be)")
+                    help=f"only batch-1 decode of {', '.join(SHORT_LAYERS)} at short context, split counts "
+                         f"forced to {SHORT_SPLITS} (what decode_splits' shortest run should be)")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
@@ -441,7 +442,7 @@ def main(argv=None):
                 guarded(res, "prefill_sweep", prefill_case, layer, 8192, 8192, peak, config=cfg)
         return _write(res, args.out, t_start)
     if args.decode_short:
-        for layer in ("E2B-sliding", "E2B-full", "E4B-sliding", "E4B-full"):
+        for layer in SHORT_LAYERS:
             for ctx in SHORT_CONTEXTS["sliding" if LAYERS[layer][3] else "full"]:
                 for s in SHORT_SPLITS:
                     guarded(res, "decode_sweep", decode_case, layer, 1, ctx, peak, try_flex=False, flex_fn=None,
