@@ -74,10 +74,14 @@ PREFILL_SWEEP = {
                                            (128, 64, 8, 1, 2, False), (128, 32, 8, 1, 2, True),
                                            (64, 64, 8, 1, 2, True), (128, 64, 8, 1, 4, True),
                                            (64, 32, 4, 2, 2, True), (128, 128, 8, 1, 4, True),
-                                           # whole columns with 16 warps: the accumulator at 128
-                                           # fp32 registers a thread, QK^T computed once
-                                           (128, 32, 16, 1, 1, False), (64, 64, 16, 1, 1, False),
-                                           (64, 64, 8, 1, 1, False), (128, 64, 16, 1, 2, False)]],
+                                           # whole columns (QK^T computed once): 64 rows keep the
+                                           # fp32 accumulator within the registers a thread may hold
+                                           # (128 at 8 warps, 64 at 16; Q stays in shared memory);
+                                           # 2 stages where K/V tiles of 32 keys leave the room
+                                           (64, 64, 8, 1, 1, False), (64, 32, 8, 2, 1, False),
+                                           (64, 64, 16, 1, 1, False), (64, 32, 16, 2, 1, False),
+                                           # the default's tile with twice the warps
+                                           (128, 64, 16, 1, 2, False)]],
     "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
                     for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
                                            (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]]
