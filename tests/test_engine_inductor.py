@@ -139,3 +139,27 @@ def test_decode_padding_to_a_bucket_changes_nothing_real():
     # batch differently from a 3-row one, so the values are close, not equal).
     assert torch.equal(after != before, unpadded_arena != before) and (after != before).any()
     torch.testing.assert_close(after, unpadded_arena, rtol=1e-5, atol=1e-5)
+
+
+def test_the_profile_sorts_kernels_by_what_they_do():
+    """bench/engine.py `kernel_kinds`, which the H200 profiles report by: each of our Triton kernels and
+    Inductor's and cuBLAS's under its own kind, host events left out, counts and times summed."""
+    from types import SimpleNamespace
+
+    from g4rt.bench.engine import kernel_kinds
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, us, device=cuda):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
+
+    names = {"_paged_attn_kernel": "attention", "_combine_kernel": "attention", "_kv_write_kernel": "kv_write",
+             "_add_rms_norm_kernel": "rms_norm", "_rms_norm_kernel": "rms_norm", "_qkv_norm_rope_kernel": "norm_rope",
+             "_gelu_tanh_mul_kernel": "gelu_mul", "triton_poi_fused_add_0": "inductor_fused",
+             "nvjet_tst_128x64_64x4": "matmul", "memcpy32_post": "other"}
+    prof = SimpleNamespace(events=lambda: [event(n, 2.0) for n in names] + [event("aten::add", 9.0, cpu)])
+    kinds = kernel_kinds(prof)
+    want = {}
+    for kind in names.values():
+        want[kind] = want.get(kind, 0) + 1
+    assert {k: v["count"] for k, v in kinds["by_kind"].items()} == want
+    assert kinds["kernels"] == len(names) and kinds["kernel_ms"] == round(2.0 * len(names) / 1e3, 3)
