@@ -1,7 +1,8 @@
 """The decoder's elementwise math: torch references, and their Triton kernels where the model runs them.
 
 `rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
-`q_norm_rope`, `add_normed`, `add_rms_norm`) and the MoE router's `route` are written as Hugging Face writes them.
+`q_norm_rope`, `add_normed`, `add_rms_norm`) and the MoE router's `route` are written as Hugging Face
+writes them.
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, plugins/triton_moe.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -56,7 +57,8 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
             rms_norm(v, None, eps))
 
 
-def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
     """A KV-shared layer's projection [T, Hq * D] -> q [T, Hq, D], normed with `weight` and roped: the q part
     of `qkv_norm_rope`, for layers that compute no k or v."""
     return apply_rope(rms_norm(q.view(q.shape[0], -1, cos.shape[-1]), weight, eps), cos, sin)

@@ -151,7 +151,8 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     return q, k, v
 
 
-def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Tensor,
+                sin: torch.Tensor) -> torch.Tensor:
     """See models.blocks.q_norm_rope: the q/k/v kernel's launch with no k or v heads."""
     D = cos.shape[-1]
     return qkv_norm_rope(q, weight, weight, eps, cos, sin, q.shape[-1] // D, 0, False)[0]

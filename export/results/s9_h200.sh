@@ -27,7 +27,8 @@ ab() {
   local arm=$1 rep=$2 name=$3 cap=$4 pp=/tmp/pkg; shift 4
   [ "$arm" = old ] && pp=$OLD
   [ "$arm" = old ] && [ ! -d "$OLD/g4rt" ] && { echo "[$TAG] no $OLD/g4rt: git archive it first"; return 1; }
-  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" python3 -m g4rt.bench.engine --out "$OUT/${name}_${arm}_$rep" "$@"
+  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" \
+    python3 -m g4rt.bench.engine --out "$OUT/${name}_${arm}_$rep" "$@"
   python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
     for l in open(sys.argv[3])]" "$arm" "$rep" "$OUT/${name}_${arm}_$rep/export_bench.jsonl" >> "$OUT/$name.jsonl"
   rm -rf "$OUT/${name}_${arm}_$rep"
@@ -55,6 +56,8 @@ case $PART in
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
-for f in "$OUT"/*.log; do echo "== $f"; grep -v '"trace"' "$f" | grep -v '"stage"' | grep -v Warning | tail -5; done > "$OUT/parts.txt"
+for f in "$OUT"/*.log; do
+  echo "== $f"; grep -v '"trace"' "$f" | grep -v '"stage"' | grep -v Warning | tail -5
+done > "$OUT/parts.txt"
 rm -f "$OUT"/*.log  # their tails are in parts.txt, their records in the jsonl files
 ls -R "$OUT"
