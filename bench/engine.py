@@ -216,12 +216,38 @@ def _graph_ms(fn, reps: int) -> float:
     return statistics.median(replay_times(graph, reps))
 
 
+def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
+    """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of
+    GEMV_CONFIGS: its values against cuBLAS's on the first weight (before any timing), then the median
+    graph replay; the fastest config's time as `ms` (None if none ran), every config's beside it."""
+    from g4rt.plugins import triton_gemv
+    want = torch.nn.functional.linear(x, mats[0]).float()
+    tried, best = [], None
+    for cfg in triton_gemv.GEMV_CONFIGS:
+        try:
+            out = torch.full_like(want, float("nan"), dtype=x.dtype)
+            triton_gemv.gemv(x, mats[0], cfg, out=out)
+            err = ((out.float() - want).abs().max() / want.abs().max()).item()
+            ms = _graph_ms(lambda: [triton_gemv.gemv(x, w, cfg) for w in mats], reps) if err < 2e-2 else None
+            tried.append({"config": list(cfg), "rel_err": round(err, 5), "ms": None if ms is None else round(ms, 4)})
+            if ms is not None and (best is None or ms < best[1]):
+                best = (cfg, ms)
+        except Exception as e:  # noqa: BLE001  (a config out of registers or shared memory)
+            tried.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
+    return {"stage": "matmul_roles", "layers": len(mats), "shape": list(mats[0].shape),
+            "ms": None if best is None else round(best[1], 4), "best_config": None if best is None else list(best[0]),
+            "configs": tried}
+
+
 @torch.inference_mode()
 def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]:
     """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
     reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
     checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
-    for gate/up and sliding q/k/v one matmul over the concatenated weights (fewer, wider launches)."""
+    for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
+    engines run on CUDA). For the first and last form, batches up to 16 also time the Triton skinny matmul
+    (plugins/triton_gemv.py) over its configs (`gemv_record`)."""
+    from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
     roles: dict[str, list[torch.Tensor]] = {}
     for layer in model.layers:
         kind = "sliding" if layer.self_attn.kv.sliding else "full"
@@ -229,8 +255,12 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]
             if isinstance(mod, torch.nn.Linear):
                 roles.setdefault(f"{kind}.{name}", []).append(mod.weight)
     roles["lm_head"] = [model.embed_tokens.weight]
-    fused = {"sliding.mlp.gate_up": ("sliding.mlp.gate_proj", "sliding.mlp.up_proj"),
-             "sliding.self_attn.qkv": ("sliding.self_attn.q_proj", "sliding.self_attn.k_proj", "sliding.self_attn.v_proj")}
+    fused = {}
+    for kind in ("sliding", "full"):  # as pack_weights packs them (k_eq_v layers have no v_proj)
+        fused[f"{kind}.mlp.gate_up"] = (f"{kind}.mlp.gate_proj", f"{kind}.mlp.up_proj")
+        fused[f"{kind}.self_attn.qkv"] = tuple(f"{kind}.self_attn.{p}_proj" for p in "qkv"
+                                              if f"{kind}.self_attn.{p}_proj" in roles)
+    fused = {f: parts for f, parts in fused.items() if len(parts) > 1 and all(p in roles for p in parts)}
     records = []
     forms = [(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
     for role, form in forms:
@@ -249,6 +279,11 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]
             records.append({"stage": "matmul_roles", "role": role, "form": form, "batch": m, "layers": len(mats),
                             "shape": list(mats[0].shape), "ms": round(ms, 4), "GBps": round(nbytes / ms / 1e6, 1),
                             "of_copy_bw": round(nbytes / ms / 1e-3 / bw, 3)})
+            if form != "in_out" and m <= triton_gemv.MAX_ROWS:
+                g = gemv_record(x, mats, reps)
+                g.update(role=role, form=f"{form}+gemv", batch=m,
+                         of_copy_bw=None if g["ms"] is None else round(nbytes / g["ms"] / 1e-3 / bw, 3))
+                records.append(g)
         del mats
         torch.cuda.empty_cache()
     return records

@@ -12,10 +12,12 @@
 #           head-dim-512 8k prefill tiles (--prefill-only --layers 31B-full).
 #   big     this checkout's 31B decode step wall vs replay at batch 1, 64, 128, 256 (2 repetitions), the
 #           8k time to first token, and a profile of the batch-256 decode step by kernel kind.
+#   gemv    every decode matmul role of the E2B and the 31B at batch 1 and 8, cuBLAS against the Triton
+#           skinny matmul (plugins/triton_gemv.py) over its configs (bench.engine --matmuls).
 #
 #     git archive --prefix=ab/old/g4rt/ b9b968a | tar -x   # once, before `fuse` / `fuse31` (ab/ is ignored)
 #     bash export/results/s9_h200.sh PART [budget_s]      # default 560 s; results under $OUT; carry ab/old
-PART=${1:?PART: fuse, fuse31 or big}
+PART=${1:?PART: fuse, fuse31, big or gemv}
 BUDGET=${2:-560}
 TAG=s9-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -53,6 +55,12 @@ case $PART in
       --new-tokens 8 --engines inductor --profile
     cat "$OUT"/31b*/export_bench.jsonl > "$OUT/engine_31b.jsonl" 2>/dev/null
     rm -rf "$OUT/31b" "$OUT/31b_b256"
+    ;;
+  gemv)
+    for c in e2b 31b; do
+      run_part "gemv_$c" 260 python3 -m g4rt.bench.engine --config $c --out "$OUT/$c" --skip-hf --batches 1,8 --matmuls
+      cp "$OUT/$c/export_bench.jsonl" "$OUT/matmuls_$c.jsonl" 2>/dev/null; rm -rf "${OUT:?}/$c"
+    done
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac

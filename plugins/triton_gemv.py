@@ -1,0 +1,77 @@
+"""A skinny-matmul kernel for decode: y = x @ w.T for a few rows of x (M <= 16) and a weight in the
+checkpoint's [out, in] layout, read once at the memory's speed.
+
+Why: at batch 1 the 31B's step is its matmuls (15.9 ms of 17.4), and cuBLAS reads some roles below the
+copy bandwidth (export/results, matmul roles: the packed gate/up at 92 %, o_proj at 85 %), the E2B's
+small ones far below it. A decode matmul is a stream over the weight: every program owns BLOCK_N output
+columns (weight rows), walks K in BLOCK_K steps with `num_stages` tiles in flight, and accumulates the
+padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program. No
+split over K, so each output is one program's sum and the result does not depend on the grid.
+
+A candidate, not yet called by the model: `python -m g4rt.bench.engine --matmuls` times it per role
+against cuBLAS over `GEMV_CONFIGS` on the GPU, and the model would use it only where it measures faster.
+Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from .triton_attention import interpreting
+
+MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
+# (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
+GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
+                (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                 UPCAST: tl.constexpr, PREC: tl.constexpr):
+    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    m = tl.arange(0, 16)
+    n_ok = n < N
+    m_ok = m < M
+    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
+    x_rows = x_ptr + m[:, None] * stride_x
+    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = k < K
+        if EVEN_N and EVEN_K:
+            w = tl.load(w_rows + k[None, :])
+        else:
+            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
+        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        if UPCAST:
+            w, x = w.to(tl.float32), x.to(tl.float32)
+        acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+    tl.store(out_ptr + m[:, None] * stride_out + n[None, :], acc.to(out_ptr.dtype.element_ty),
+             mask=m_ok[:, None] & n_ok[None, :])
+
+
+def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
+         out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, K] (M <= MAX_ROWS, unit column stride) times w [N, K] (unit column stride) transposed ->
+    [M, N] in x's dtype, as F.linear(x, w) computes it up to the order of the fp32 sums. `config`:
+    (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"gemv needs x [M, K] and w [N, K], got x {tuple(x.shape)} and w {tuple(w.shape)}")
+    M, K = x.shape
+    N = w.shape[0]
+    if M > MAX_ROWS:
+        raise ValueError(f"gemv takes at most {MAX_ROWS} rows of x, got {M}: use a matmul")
+    if x.dtype != w.dtype:
+        raise ValueError(f"x is {x.dtype} and w is {w.dtype}: gemv needs one dtype")
+    if x.stride(1) != 1 or w.stride(1) != 1:
+        raise ValueError("gemv needs x and w contiguous along K")
+    block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
+    if M and N:
+        _gemv_kernel[(triton.cdiv(N, block_n),)](
+            x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
+            EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, UPCAST=interpreting(),
+            PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages)
+    return out

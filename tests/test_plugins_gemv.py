@@ -1,0 +1,66 @@
+"""The skinny-matmul kernel (plugins/triton_gemv.py) against an fp64 matmul, under the Triton interpreter."""
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported; `make test` sets it too
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton extra is not installed")
+
+from g4rt.plugins import triton_gemv as tg  # noqa: E402
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 64, 512), (3, 100, 300), (16, 48, 1030), (8, 16, 16)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gemv_matches_a_float64_matmul(m, n, k, dtype):
+    """Every output, ragged N and K included (the masked tiles), within the dtype's rounding of the fp64
+    product; the poisoned output is written everywhere and nothing past it."""
+    g = torch.Generator().manual_seed(m * n + k)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (torch.randn(n + 3, k, generator=g) / k ** 0.5).to(dtype)[:n]  # rows strided past the used ones
+    out = torch.full((m + 1, n), float("nan"), dtype=dtype)
+    got = tg.gemv(x, w, config=(16, 128, 4, 2), out=out[:m])
+    want = (x.double() @ w.double().T).to(dtype)
+    assert torch.isfinite(out[:m]).all() and out[m].isnan().all()
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(got.float(), want.float(), rtol=2 * eps, atol=2 * eps * want.float().abs().max().item())
+
+
+@pytest.mark.parametrize("config", tg.GEMV_CONFIGS[:3])
+def test_every_bench_config_computes_the_same_values(config):
+    """No split over K: the tile shape changes the order of the fp32 sums only, never which outputs a
+    program writes."""
+    g = torch.Generator().manual_seed(1)
+    x, w = torch.randn(2, 1024, generator=g), torch.randn(96, 1024, generator=g)
+    torch.testing.assert_close(tg.gemv(x, w, config=config), x @ w.T, rtol=1e-5, atol=1e-4)
+
+
+def test_gemv_refuses_what_it_cannot_compute():
+    with pytest.raises(ValueError, match="at most 16 rows of x, got 17"):
+        tg.gemv(torch.zeros(17, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match=r"x \[M, K\] and w \[N, K\], got x \(2, 8\) and w \(4, 9\)"):
+        tg.gemv(torch.zeros(2, 8), torch.zeros(4, 9))
+    with pytest.raises(ValueError, match="torch.float32 and w is torch.bfloat16"):
+        tg.gemv(torch.zeros(2, 8), torch.zeros(4, 8, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="contiguous along K"):
+        tg.gemv(torch.zeros(8, 2).t(), torch.zeros(4, 8))
+
+
+def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
+    """bench/engine.py `gemv_record` (what `--matmuls` runs on the GPU), with the graph timing replaced by
+    a clock that makes the third config fastest and a config that fails: every config is recorded, the
+    failing one by its error, and the fastest is reported."""
+    from g4rt.bench import engine
+    configs = tg.GEMV_CONFIGS[:3] + [(16, 100, 4, 2)]  # block_k 100 is no power of two: Triton refuses it
+    monkeypatch.setattr(tg, "GEMV_CONFIGS", configs)
+    clock = iter([3.0, 2.0, 1.0])
+    monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), next(clock))[1])
+    g = torch.Generator().manual_seed(2)
+    mats = [torch.randn(32, 256, generator=g).to(torch.bfloat16) for _ in range(2)]
+    rec = engine.gemv_record(torch.randn(1, 256, generator=g).to(torch.bfloat16), mats, reps=3)
+    assert rec["ms"] == 1.0 and rec["best_config"] == list(configs[2]) and rec["layers"] == 2
+    assert [c["ms"] for c in rec["configs"][:3]] == [3.0, 2.0, 1.0] and all(c["rel_err"] < 2e-2 for c in rec["configs"][:3])
+    assert "error" in rec["configs"][3]
