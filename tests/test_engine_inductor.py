@@ -58,21 +58,21 @@ def test_compiled_bf16_step_matches_eager(scope, report):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("packed", [False, True])
-def test_compiled_step_is_bit_equal_with_plugin_kernels(packed, report):
-    """With the plugin kernels (what CUDA runs: RMSNorm, gated GELU and attention as opaque ops, here
-    under the Triton interpreter) and, as on CUDA, q/k/v and gate/up packed, the per-layer compiled
-    step computes eager's bits: logits and every K/V element. This is what lets the H200 run demand
-    identical greedy tokens."""
+@pytest.mark.parametrize("name,packed", [("31b", False), ("31b", True), ("e2b", True)])
+def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
+    """With the plugin kernels (what CUDA runs: RMSNorm, the fused layer tails, gated GELU and attention as
+    opaque ops, here under the Triton interpreter) and, as on CUDA, q/k/v and gate/up packed, the
+    per-layer compiled step computes eager's bits: logits and every K/V element. This is what lets the
+    H200 run demand identical greedy tokens. The E2B-like model adds the PLE blocks and KV-shared layers."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.plugins import triton_attention
     if not triton_attention.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
-    model = random_model(tiny_config("31b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
+    model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
     if packed:
         model.pack_weights()
     eager, eager_arena, out, compiled = eager_and_compiled(model, "layers")
-    report(f"compiled (layers) vs eager bf16, plugin kernels, packed weights {packed}: logits bit-equal "
+    report(f"tiny {name}: compiled (layers) vs eager bf16, plugin kernels, packed weights {packed}: logits bit-equal "
            f"{torch.equal(out, eager)}")
     assert torch.equal(out, eager)
     assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
