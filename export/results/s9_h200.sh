@@ -6,14 +6,15 @@
 #   fuse    E2B and E4B batch-1 decode, the package in ab/old (the commit before the fused tails, from
 #           `git archive`, carried) against this checkout, arms alternated, a fresh process each (E2B 2
 #           per arm, E4B 1): greedy tokens against the eager engine, the decode graph's replay and its
-#           kernels by kind (bench.engine --profile).
+#           kernels by kind (bench.engine --profile); then the E2B's matmul roles (as `gemv`).
 #   fuse31  the same for the 31B at batch 1, one arm each, then the kernel sweeps: the small models'
 #           batch-1 decode attention at forced split counts (bench.kernels --decode-short) and the
 #           head-dim-512 8k prefill tiles (--prefill-only --layers 31B-full).
 #   big     this checkout's 31B decode step wall vs replay at batch 1, 64, 128, 256 (2 repetitions), the
 #           8k time to first token, and a profile of the batch-256 decode step by kernel kind.
-#   gemv    every decode matmul role of the E2B and the 31B at batch 1 and 8, cuBLAS against the Triton
-#           skinny matmul (plugins/triton_gemv.py) over its configs (bench.engine --matmuls).
+#   gemv    every decode matmul role of the 31B at batch 1 and 8, cuBLAS against the Triton skinny
+#           matmul (plugins/triton_gemv.py) over its configs (bench.engine --matmuls).
+# In order of what they decide: fuse, fuse31, gemv, big (each about one 10-minute call).
 #
 #     git archive --prefix=ab/old/g4rt/ b9b968a | tar -x   # once, before `fuse` / `fuse31` (ab/ is ignored)
 #     bash export/results/s9_h200.sh PART [budget_s]      # default 560 s; results under $OUT; carry ab/old
@@ -35,6 +36,12 @@ ab() {
     for l in open(sys.argv[3])]" "$arm" "$rep" "$OUT/${name}_${arm}_$rep/export_bench.jsonl" >> "$OUT/$name.jsonl"
   rm -rf "$OUT/${name}_${arm}_$rep"
 }
+# matmuls MODEL: its decode matmul roles, cuBLAS and the Triton skinny matmul, to $OUT/matmuls_MODEL.jsonl.
+matmuls() {
+  run_part "matmuls_$1" 300 python3 -m g4rt.bench.engine --config "$1" --out "$OUT/m_$1" --skip-hf \
+    --batches 1,8 --matmuls
+  cp "$OUT/m_$1/export_bench.jsonl" "$OUT/matmuls_$1.jsonl" 2>/dev/null; rm -rf "${OUT:?}/m_$1"
+}
 small=(--skip-hf --batches 1 --new-tokens 32 --profile)
 case $PART in
   fuse)
@@ -42,6 +49,7 @@ case $PART in
       for arm in old new; do ab $arm $rep e2b 110 --config e2b "${small[@]}"; done
     done
     for arm in old new; do ab $arm 1 e4b 120 --config e4b "${small[@]}"; done
+    matmuls e2b
     ;;
   fuse31)
     for arm in old new; do ab $arm 1 31b 170 --config 31b "${small[@]}"; done
@@ -57,10 +65,7 @@ case $PART in
     rm -rf "$OUT/31b" "$OUT/31b_b256"
     ;;
   gemv)
-    for c in e2b 31b; do
-      run_part "gemv_$c" 260 python3 -m g4rt.bench.engine --config $c --out "$OUT/$c" --skip-hf --batches 1,8 --matmuls
-      cp "$OUT/$c/export_bench.jsonl" "$OUT/matmuls_$c.jsonl" 2>/dev/null; rm -rf "${OUT:?}/$c"
-    done
+    matmuls 31b
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
