@@ -7,9 +7,10 @@
 #           `git archive`, carried) against this checkout, arms alternated, a fresh process each (E2B 2
 #           per arm, E4B 1): greedy tokens against the eager engine, the decode graph's replay and its
 #           kernels by kind (bench.engine --profile); then the E2B's matmul roles (as `gemv`).
-#   fuse31  the same for the 31B at batch 1, one arm each, then the kernel sweeps: the small models'
-#           batch-1 decode attention at forced split counts (bench.kernels --decode-short) and the
-#           head-dim-512 8k prefill tiles (--prefill-only --layers 31B-full).
+#   fuse31  the same for the 31B at batch 1, one arm each, then the kernel sweeps: batch-1 decode
+#           attention of the E2B, E4B and 31B layers at short context with forced split counts
+#           (bench.kernels --decode-short) and the head-dim-512 8k prefill tiles (--prefill-only
+#           --layers 31B-full).
 #   big     this checkout's 31B decode step wall vs replay at batch 1, 64, 128, 256 (2 repetitions), the
 #           8k time to first token, and a profile of the batch-256 decode step by kernel kind.
 #   gemv    every decode matmul role of the 31B at batch 1 and 8, cuBLAS against the Triton skinny
