@@ -1,8 +1,8 @@
 """The decoder's elementwise math: torch references, and their Triton kernels where the model runs them.
 
 `rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
-`q_norm_rope`, `add_normed`, `add_rms_norm`) and the MoE router's `route` are written as Hugging Face
-writes them.
+`q_norm_rope`, `add_normed`, `add_rms_norm`, and for the MoE block `router_inputs` and `normed_sum`) and
+the MoE router's `route` are written as Hugging Face writes them.
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, plugins/triton_moe.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -81,6 +81,21 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
     return h, rms_norm(h, out_weight, eps)
 
 
+def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The MoE block's two norms of the un-normed residual h: the router's input, norm(h) * scale * root
+    (an unweighted norm, its scale vector, then 1/sqrt(H) as a Python float), and the experts' input,
+    pre_feedforward_layernorm_2(h) = norm(h) * experts_weight."""
+    return rms_norm(h, None, eps) * scale * root, rms_norm(h, experts_weight, eps)
+
+
+def normed_sum(a: torch.Tensor, a_weight: torch.Tensor, b: torch.Tensor, b_weight: torch.Tensor,
+               eps: float) -> torch.Tensor:
+    """norm(a) * a_weight + norm(b) * b_weight: the MoE layer's dense and experts' branches, each through
+    its post-norm (post_feedforward_layernorm_1, _2), summed."""
+    return rms_norm(a, a_weight, eps) + rms_norm(b, b_weight, eps)
+
+
 def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """HF's routing from the router logits [T, E]: softmax in fp32 over all experts, then top-k,
     renormalised to sum 1, times per_expert_scale. Returns (w fp32 [T, k], idx int64 [T, k])."""
@@ -91,4 +106,5 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 
 
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
-             "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm}
+             "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
+             "router_inputs": router_inputs, "normed_sum": normed_sum}

@@ -44,7 +44,7 @@ AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[
 
 class RMSNorm(nn.Module):
     """Gemma 4 RMSNorm (`blocks.rms_norm`): fp32 math, times the plain `weight`, cast back.
-    `with_scale=False` (v_norm, router.norm) has no weight at all."""
+    `with_scale=False` (v_norm) has no weight at all."""
 
     kernels = "reference"
 
@@ -172,6 +172,10 @@ class MLP(nn.Module):
 class Router(nn.Module):
     """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale.
 
+    Its input is HF's router input, norm(h) * scale * root (an unweighted norm of the residual, the
+    router's scale vector, 1/sqrt(H)): the layer computes it in one block with the experts' input norm
+    (`blocks.router_inputs`), so `forward` starts at the projection.
+
     With the Triton kernels (CUDA) `blocks.route` runs as the opaque op `g4rt::route`, one kernel
     (plugins/triton_moe.py) in the eager and the compiled engine alike: Inductor would sum the softmax and
     the renormalisation in its own order, and a weight one fp32 ulp apart can flip a bf16 bit of the
@@ -185,14 +189,12 @@ class Router(nn.Module):
         H, E = cfg.hidden_size, cfg.num_experts
         self.top_k = cfg.top_k_experts
         self.root = H ** -0.5
-        self.norm = RMSNorm(H, cfg.rms_norm_eps, with_scale=False)
         self.proj = _linear(H, E, dtype, device)
         self.scale = nn.Parameter(torch.ones(H, dtype=dtype, device=device))
         self.per_expert_scale = nn.Parameter(torch.ones(E, dtype=dtype, device=device))
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.proj(self.norm(x) * self.scale * self.root)
-        return block("route", self.kernels, logits, self.per_expert_scale, self.top_k)
+        return block("route", self.kernels, self.proj(x), self.per_expert_scale, self.top_k)
 
 
 class Experts(nn.Module):
@@ -265,10 +267,13 @@ class DecoderLayer(nn.Module):
                      pre.weight, eps)
         m = self.mlp(x)
         if self.has_moe:
-            # The dense MLP is the shared expert; router and experts read the un-normed residual.
-            w, idx = self.router(h)
-            moe = self.experts(self.pre_feedforward_layernorm_2(h), idx, w)
-            m = self.post_feedforward_layernorm_1(m) + self.post_feedforward_layernorm_2(moe)
+            # The dense MLP is the shared expert; router and experts read the un-normed residual, each through
+            # its own norm (one block), and the two branches' post-norms and sum are one block.
+            r, e = block("router_inputs", self.kernels, h, self.router.scale, self.router.root,
+                         self.pre_feedforward_layernorm_2.weight, eps)
+            w, idx = self.router(r)
+            m = block("normed_sum", self.kernels, m, self.post_feedforward_layernorm_1.weight, self.experts(e, idx, w),
+                      self.post_feedforward_layernorm_2.weight, eps)
         post = self.post_feedforward_layernorm
         if self.has_ple:
             h = block("add_normed", self.kernels, h, m, post.weight, eps)

@@ -1,5 +1,6 @@
 """Triton kernels for the decoder's elementwise blocks: RMSNorm, the gated GELU, and fused blocks
-(q/k/v norms with RoPE; post-norm, residual add, the layer scalar and the next pre-norm).
+(q/k/v norms with RoPE; post-norm, residual add, the layer scalar and the next pre-norm; the MoE block's
+input norms and its branches' post-norms).
 
 Why kernels for such simple math: the eager and the compiled engine must compute the same bits.
 Inductor fuses `x.pow(2).mean()` into a reduction of its own, summed in another order than
@@ -210,6 +211,63 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
     return _add_norm_launch(residual, x, x_weight, scale, out_weight, eps)
 
 
+@triton.jit
+def _router_inputs_kernel(h_ptr, scale_ptr, ew_ptr, r_ptr, e_ptr, root, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * D
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    dtype = r_ptr.dtype.element_ty
+    x = tl.load(h_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
+    den = _rms(x, D, eps)
+    n = (x / den).to(dtype).to(tl.float32)  # the router's unweighted norm, rounded as eager rounds it
+    r = ((n * tl.load(scale_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32) * root).to(dtype)
+    tl.store(r_ptr + row + c, r, mask=ok)
+    tl.store(e_ptr + row + c, (x / den * tl.load(ew_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype), mask=ok)
+
+
+def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
+                  eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """See models.blocks.router_inputs: one launch per token row for both norms of the MoE block's input."""
+    D = h.shape[-1]
+    h = h.contiguous()
+    r, e = torch.empty_like(h), torch.empty_like(h)
+    rows = h.numel() // D if D else 0
+    if rows:
+        block = triton.next_power_of_2(D)
+        _router_inputs_kernel[(rows,)](h, scale, experts_weight, r, e, float(root), float(eps), D=D, BLOCK=block,
+                                       num_warps=_row_warps(block))
+    return r, e
+
+
+@triton.jit
+def _normed_sum_kernel(a_ptr, aw_ptr, b_ptr, bw_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64) * D
+    c = tl.arange(0, BLOCK)
+    ok = c < D
+    dtype = out_ptr.dtype.element_ty
+    a = tl.load(a_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
+    ya = (a / _rms(a, D, eps) * tl.load(aw_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    yb = (b / _rms(b, D, eps) * tl.load(bw_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(out_ptr + row + c, (ya + yb).to(dtype), mask=ok)
+
+
+def normed_sum(a: torch.Tensor, a_weight: torch.Tensor, b: torch.Tensor, b_weight: torch.Tensor,
+               eps: float) -> torch.Tensor:
+    """See models.blocks.normed_sum: one launch per token row for the two post-norms and their sum."""
+    if a.shape != b.shape:
+        raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} differ in shape")
+    D = a.shape[-1]
+    a, b = a.contiguous(), b.contiguous()
+    out = torch.empty_like(a)
+    rows = a.numel() // D if D else 0
+    if rows:
+        block = triton.next_power_of_2(D)
+        _normed_sum_kernel[(rows,)](a, a_weight, b, b_weight, out, float(eps), D=D, BLOCK=block,
+                                    num_warps=_row_warps(block))
+    return out
+
+
 # ---- the kernels as opaque custom ops: one node each for torch.compile, run by eager and compiled alike ----
 
 @torch.library.custom_op("g4rt::rms_norm", mutates_args=())
@@ -278,3 +336,25 @@ def _add_rms_norm_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Te
 @_add_rms_norm_op.register_fake
 def _(residual, x, x_weight, out_weight, eps, scale=None):
     return torch.empty_like(residual), torch.empty_like(residual)
+
+
+@torch.library.custom_op("g4rt::router_inputs", mutates_args=())
+def _router_inputs_op(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
+                      eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    return router_inputs(h, scale, root, experts_weight, eps)
+
+
+@_router_inputs_op.register_fake
+def _(h, scale, root, experts_weight, eps):
+    return torch.empty_like(h), torch.empty_like(h)
+
+
+@torch.library.custom_op("g4rt::normed_sum", mutates_args=())
+def _normed_sum_op(a: torch.Tensor, a_weight: torch.Tensor, b: torch.Tensor, b_weight: torch.Tensor,
+                   eps: float) -> torch.Tensor:
+    return normed_sum(a, a_weight, b, b_weight, eps)
+
+
+@_normed_sum_op.register_fake
+def _(a, a_weight, b, b_weight, eps):
+    return torch.empty_like(a)

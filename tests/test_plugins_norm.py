@@ -112,12 +112,13 @@ def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
         model.set_kernels("cuda")
 
 
-@pytest.mark.parametrize("name", ["31b", "e2b"])
+@pytest.mark.parametrize("name", ["31b", "e2b", "26b"])
 def test_a_forward_runs_the_layer_tails_as_one_block(name):
     """What one forward dispatches with the Triton kernels and packed weights: each layer's norms are fused
     blocks (two `add_rms_norm`, the second ending in the next layer's input norm or the final norm; for
-    PLE models also one `add_normed`), a KV-shared layer's q norm and RoPE is one `q_norm_rope`, and no
-    residual add, layer scalar or RoPE is left to ATen (each would be a kernel of its own or Inductor's)."""
+    PLE models also one `add_normed`; for MoE layers `router_inputs` and `normed_sum`), a KV-shared layer's
+    q norm and RoPE is one `q_norm_rope`, and no residual add, layer scalar, router scale or RoPE is left
+    to ATen (each would be a kernel of its own or Inductor's)."""
     from collections import Counter
 
     from conftest import tiny_config
@@ -141,9 +142,11 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name):
     with torch.inference_mode(), Ops() as ops:
         model(torch.tensor([5, 9]), torch.tensor([7, 8]), lambda layer, q, k, v: torch.ones_like(q))
     g4 = {k: v for k, v in ops.seen.items() if k.startswith("g4rt::")}
-    ple = cfg.has_ple
+    ple, moe = cfg.has_ple, cfg.enable_moe_block
     assert g4 == {"g4rt::add_rms_norm": 2 * L, "g4rt::qkv_norm_rope": L - shared, "g4rt::gelu_tanh_mul": L * (1 + ple),
-                  "g4rt::rms_norm": 1 + ple, **({"g4rt::add_normed": L, "g4rt::q_norm_rope": shared} if ple else {})}
+                  "g4rt::rms_norm": 1 + ple, **({"g4rt::add_normed": L, "g4rt::q_norm_rope": shared} if ple else {}),
+                  **({k: L for k in ("g4rt::router_inputs", "g4rt::route", "g4rt::moe", "g4rt::normed_sum")}
+                     if moe else {})}
     # What ATen still computes is the step's prologue, none of it per layer: the embedding's scale and the
     # two RoPE tables' angles (3 multiplies), and for PLE models the per-layer inputs (3 scales, 1 add).
     assert ops.seen["aten::add"] == ple and ops.seen["aten::mul"] == 3 + 3 * ple and ops.seen["aten::neg"] == 0
@@ -209,6 +212,23 @@ def test_add_rms_norm_matches_reference(dtype, scaled):
     assert torch.equal(tn.add_normed(res, x, xw, 1e-6, scale), got[0])
     unscaled = reference.add_normed(res, x, xw, 1e-6)
     assert scaled == (not torch.equal(want[0], unscaled))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_moe_blocks_match_reference(dtype):
+    """The MoE block's input norms (router and experts) and its branches' post-norms + sum, against the
+    references; the router's input is checked apart from its scale, so a missing root or scale fails."""
+    g = torch.Generator().manual_seed(3)
+    H = 2816
+    h, a, b = [(torch.randn(4, H, generator=g) * 3).to(dtype) for _ in range(3)]
+    scale, ew, aw, bw = [(1 + 0.2 * torch.randn(H, generator=g)).to(dtype) for _ in range(4)]
+    got, want = tn.router_inputs(h, scale, H ** -0.5, ew, 1e-6), reference.router_inputs(h, scale, H ** -0.5, ew, 1e-6)
+    close(got[0], want[0], scale=4.0 * H ** -0.5)
+    close(got[1], want[1], scale=4.0)
+    assert not torch.allclose(want[0], reference.rms_norm(h, scale, 1e-6))  # the root is there
+    close(tn.normed_sum(a, aw, b, bw, 1e-6), reference.normed_sum(a, aw, b, bw, 1e-6), scale=8.0)
+    with pytest.raises(ValueError, match=r"a \(4, 2816\) and b \(2, 2816\) differ"):
+        tn.normed_sum(a, aw, b[:2], bw, 1e-6)
 
 
 def test_add_normed_refuses_bad_shapes():
