@@ -15,27 +15,31 @@
 #           8k time to first token, and a profile of the batch-256 decode step by kernel kind.
 #   gemv    every decode matmul role of the 31B at batch 1 and 8, cuBLAS against the Triton skinny
 #           matmul (plugins/triton_gemv.py) over its configs (bench.engine --matmuls).
-# In order of what they decide: fuse, fuse31, gemv, big (each about one 10-minute call).
+#   moe     the 26B-A4B at batch 1 and 8 with the MoE block's fused norms, ab/old against this checkout,
+#           one arm each: tokens against eager, tok/s against its roofline, the batch-1 profile (bench.moe).
+# In order of what they decide: fuse, fuse31, gemv, moe, big (each about one 10-minute call).
 #
 #     git archive --prefix=ab/old/g4rt/ b9b968a | tar -x   # once, before `fuse` / `fuse31` (ab/ is ignored)
 #     bash export/results/s9_h200.sh PART [budget_s]      # default 560 s; results under $OUT; carry ab/old
-PART=${1:?PART: fuse, fuse31, big or gemv}
+PART=${1:?PART: fuse, fuse31, gemv, moe or big}
 BUDGET=${2:-560}
 TAG=s9-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 OLD=$PWD/ab/old
-# ab ARM REP NAME CAP ARGS...: bench.engine ARGS from the package of ARM (old: ab/old, new: this checkout),
-# its records tagged with the arm and repetition and appended to $OUT/NAME.jsonl.
+# ab ARM REP NAME CAP BENCH ARGS...: python -m g4rt.bench.BENCH ARGS (engine or moe) from the package of ARM
+# (old: ab/old, new: this checkout), its records tagged with the arm and repetition, appended to
+# $OUT/NAME.jsonl.
 ab() {
-  local arm=$1 rep=$2 name=$3 cap=$4 pp=/tmp/pkg; shift 4
+  local arm=$1 rep=$2 name=$3 cap=$4 bench=$5 pp=/tmp/pkg d="$OUT/${3}_${1}_$2"; shift 5
   [ "$arm" = old ] && pp=$OLD
   [ "$arm" = old ] && [ ! -d "$OLD/g4rt" ] && { echo "[$TAG] no $OLD/g4rt: git archive it first"; return 1; }
-  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" \
-    python3 -m g4rt.bench.engine --out "$OUT/${name}_${arm}_$rep" "$@"
-  python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
-    for l in open(sys.argv[3])]" "$arm" "$rep" "$OUT/${name}_${arm}_$rep/export_bench.jsonl" >> "$OUT/$name.jsonl"
-  rm -rf "$OUT/${name}_${arm}_$rep"
+  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" python3 -m "g4rt.bench.$bench" --out "$d" "$@"
+  for f in "$d"/*.jsonl; do
+    python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
+      for l in open(sys.argv[3])]" "$arm" "$rep" "$f" >> "$OUT/$name.jsonl"
+  done
+  rm -rf "$d"
 }
 # matmuls MODEL: its decode matmul roles, cuBLAS and the Triton skinny matmul, to $OUT/matmuls_MODEL.jsonl.
 matmuls() {
@@ -47,13 +51,13 @@ small=(--skip-hf --batches 1 --new-tokens 32 --profile)
 case $PART in
   fuse)
     for rep in 1 2; do
-      for arm in old new; do ab $arm $rep e2b 110 --config e2b "${small[@]}"; done
+      for arm in old new; do ab $arm $rep e2b 110 engine --config e2b "${small[@]}"; done
     done
-    for arm in old new; do ab $arm 1 e4b 120 --config e4b "${small[@]}"; done
+    for arm in old new; do ab $arm 1 e4b 120 engine --config e4b "${small[@]}"; done
     matmuls e2b
     ;;
   fuse31)
-    for arm in old new; do ab $arm 1 31b 170 --config 31b "${small[@]}"; done
+    for arm in old new; do ab $arm 1 31b 170 engine --config 31b "${small[@]}"; done
     run_part kernels_short 100 python3 -m g4rt.bench.kernels --out "$OUT/short" --decode-short
     run_part kernels_prefill 120 python3 -m g4rt.bench.kernels --out "$OUT/prefill" --prefill-only --layers 31B-full
     ;;
@@ -67,6 +71,11 @@ case $PART in
     ;;
   gemv)
     matmuls 31b
+    ;;
+  moe)
+    for arm in old new; do
+      ab $arm 1 26b 270 moe --config 26b-a4b --batches 1,8 --new-tokens 32 --ttft '' --skip-hf --profile
+    done
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
