@@ -161,7 +161,8 @@ def kernel_kinds(prof) -> dict:
             continue
         n, us = e.name, e.time_range.elapsed_us()
         kind = ("attention" if "_paged_attn" in n or "_combine" in n else "kv_write" if "_kv_write" in n else
-                "rms_norm" if "_rms_norm" in n else "norm_rope" if "_norm_rope" in n else
+                "rms_norm" if any(k in n for k in ("_rms_norm", "_router_inputs", "_normed_sum")) else
+                "norm_rope" if "_norm_rope" in n else
                 "gelu_mul" if "_gelu" in n else
                 "inductor_fused" if n.startswith("triton_") else
                 "matmul" if any(m in n.lower() for m in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk")) else
