@@ -246,12 +246,14 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm_2 = norm()
             self.pre_feedforward_layernorm_2 = norm()
 
-    def forward(self, h, x, cos, sin, attention: AttentionFn, ple: torch.Tensor | None, next_norm: torch.Tensor):
+    def forward(self, h, x, cos, sin, attention: AttentionFn, ple: torch.Tensor | None,
+                next_norm_weight: torch.Tensor):
         """h: the residual stream entering the layer; x: its input norm, input_layernorm(h), which the layer
-        before computed in its tail. Returns (h, next_norm's norm of h): the layer's tail is one fused
-        block that ends with the next layer's input norm (or, after the last layer, the final norm)."""
+        before computed in its tail. Returns the stream leaving the layer and its norm with
+        `next_norm_weight`: the layer's tail is one fused block that ends with the next layer's input norm
+        (or, after the last layer, the final norm)."""
         q, k, v = self.attention_inputs(x, cos, sin)
-        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple, next_norm)
+        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple, next_norm_weight)
 
     # The layer in two pieces around the attention call. The inductor engine compiles each piece once for
     # all layers of a kind: neither reads the layer's index (the attention call does, for its cache
@@ -259,7 +261,7 @@ class DecoderLayer(nn.Module):
     def attention_inputs(self, x, cos, sin):
         return self.self_attn.project(x, cos, sin)
 
-    def after_attention(self, h, o, ple, next_norm):
+    def after_attention(self, h, o, ple, next_norm_weight):
         post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
         eps = post.eps
         # (h, pre(h)) with h = residual + post(o_proj(o)): a post-norm residual step and the next pre-norm.
@@ -280,7 +282,7 @@ class DecoderLayer(nn.Module):
             g = block("gelu_tanh_mul", self.kernels, self.per_layer_input_gate(h), ple)
             m, post = self.per_layer_projection(g), self.post_per_layer_input_norm
         # The tail: h + post(m), times layer_scalar, then the next input norm, in one block.
-        return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm, eps, self.layer_scalar)
+        return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm_weight, eps, self.layer_scalar)
 
 
 def _round_to(x: float, dtype: torch.dtype) -> float:
