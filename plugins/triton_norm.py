@@ -38,20 +38,22 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.cons
     tl.store(out_ptr + row * D + c, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-def _row_warps(block: int) -> int:
-    return max(1, min(16, block // 512))
+def _per_row(kernel, like: torch.Tensor, *args, **meta) -> None:
+    """Launch a row kernel: one program per row of `like` (rows of its last dim D), BLOCK = D rounded up
+    to a power of two, warps by BLOCK. Nothing runs for an empty tensor."""
+    D = like.shape[-1]
+    rows = like.numel() // D if D else 0
+    if rows:
+        block = triton.next_power_of_2(D)
+        kernel[(rows,)](*args, D=D, BLOCK=block, num_warps=max(1, min(16, block // 512)), **meta)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
     """RMSNorm over the last dim, fp32 math, output (contiguous) in x's dtype (see models.blocks.rms_norm)."""
-    D = x.shape[-1]
-    x2 = x.contiguous().view(-1, D)
-    out = torch.empty_like(x2)
-    if x2.shape[0]:
-        block = triton.next_power_of_2(D)
-        _rms_norm_kernel[(x2.shape[0],)](x2, x2 if weight is None else weight, out, float(eps), D=D, BLOCK=block,
-                                         HAS_W=weight is not None, num_warps=_row_warps(block))
-    return out.view(x.shape)
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    _per_row(_rms_norm_kernel, x, x, x if weight is None else weight, out, float(eps), HAS_W=weight is not None)
+    return out
 
 
 @triton.jit
@@ -181,7 +183,6 @@ def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_p
 def _add_norm_launch(residual, x, x_weight, scale, out_weight, eps):
     """One launch per token row: norm(x) * x_weight added to residual [times scale] -> h, and with
     out_weight the next norm of h. Returns (h, out or None)."""
-    D = x.shape[-1]
     if residual.shape != x.shape:
         raise ValueError(f"residual {tuple(residual.shape)} and x {tuple(x.shape)} differ in shape")
     if scale is not None and scale.numel() != 1:
@@ -189,13 +190,9 @@ def _add_norm_launch(residual, x, x_weight, scale, out_weight, eps):
     residual, x = residual.contiguous(), x.contiguous()
     h = torch.empty_like(residual)
     out = None if out_weight is None else torch.empty_like(residual)
-    rows = residual.numel() // D if D else 0
-    if rows:
-        block = triton.next_power_of_2(D)
-        _add_rms_norm_kernel[(rows,)](residual, x, x_weight, x_weight if scale is None else scale,
-                                      x_weight if out_weight is None else out_weight, h, h if out is None else out,
-                                      float(eps), D=D, BLOCK=block, HAS_SCALE=scale is not None,
-                                      HAS_OUT=out is not None, num_warps=_row_warps(block))
+    _per_row(_add_rms_norm_kernel, x, residual, x, x_weight, x_weight if scale is None else scale,
+             x_weight if out_weight is None else out_weight, h, h if out is None else out, float(eps),
+             HAS_SCALE=scale is not None, HAS_OUT=out is not None)
     return h, out
 
 
@@ -228,14 +225,9 @@ def _router_inputs_kernel(h_ptr, scale_ptr, ew_ptr, r_ptr, e_ptr, root, eps, D: 
 def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """See models.blocks.router_inputs: one launch per token row for both norms of the MoE block's input."""
-    D = h.shape[-1]
     h = h.contiguous()
     r, e = torch.empty_like(h), torch.empty_like(h)
-    rows = h.numel() // D if D else 0
-    if rows:
-        block = triton.next_power_of_2(D)
-        _router_inputs_kernel[(rows,)](h, scale, experts_weight, r, e, float(root), float(eps), D=D, BLOCK=block,
-                                       num_warps=_row_warps(block))
+    _per_row(_router_inputs_kernel, h, h, scale, experts_weight, r, e, float(root), float(eps))
     return r, e
 
 
@@ -257,14 +249,9 @@ def normed_sum(a: torch.Tensor, a_weight: torch.Tensor, b: torch.Tensor, b_weigh
     """See models.blocks.normed_sum: one launch per token row for the two post-norms and their sum."""
     if a.shape != b.shape:
         raise ValueError(f"a {tuple(a.shape)} and b {tuple(b.shape)} differ in shape")
-    D = a.shape[-1]
     a, b = a.contiguous(), b.contiguous()
     out = torch.empty_like(a)
-    rows = a.numel() // D if D else 0
-    if rows:
-        block = triton.next_power_of_2(D)
-        _normed_sum_kernel[(rows,)](a, a_weight, b, b_weight, out, float(eps), D=D, BLOCK=block,
-                                    num_warps=_row_warps(block))
+    _per_row(_normed_sum_kernel, a, a, a_weight, b, b_weight, out, float(eps))
     return out
 
 
