@@ -113,7 +113,7 @@ def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["31b", "e2b", "26b"])
-def test_a_forward_runs_the_layer_tails_as_one_block(name):
+def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     """What one forward dispatches with the Triton kernels and packed weights: each layer's norms are fused
     blocks (two `add_rms_norm`, the second ending in the next layer's input norm or the final norm; for
     PLE models also one `add_normed`; for MoE layers `router_inputs` and `normed_sum`), a KV-shared layer's
@@ -142,6 +142,10 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name):
     with torch.inference_mode(), Ops() as ops:
         model(torch.tensor([5, 9]), torch.tensor([7, 8]), lambda layer, q, k, v: torch.ones_like(q))
     g4 = {k: v for k, v in ops.seen.items() if k.startswith("g4rt::")}
+    # Reported before the asserts, so that the same test run against another checkout's package prints
+    # that code's counts as it fails.
+    report(f"tiny {name}, one forward of {L} layers: our ops {sum(g4.values())}, ATen add {ops.seen['aten::add']}, "
+           f"mul {ops.seen['aten::mul']}, neg {ops.seen['aten::neg']}, cat {ops.seen['aten::cat']}")
     ple, moe = cfg.has_ple, cfg.enable_moe_block
     assert g4 == {"g4rt::add_rms_norm": 2 * L, "g4rt::qkv_norm_rope": L - shared, "g4rt::gelu_tanh_mul": L * (1 + ple),
                   "g4rt::rms_norm": 1 + ple, **({"g4rt::add_normed": L, "g4rt::q_norm_rope": shared} if ple else {}),
