@@ -57,11 +57,11 @@ LAYERS = {
     "E4B-full": (8, 2, 512, None, 32),
 }
 DECODE_LAYERS = ("31B-sliding", "26B-sliding", "31B-full")  # the full decode grid's layers
-# --decode-short: batch 1 at short context, where decode_splits gives one program per KV head (no run
-# under 256 keys) and the step is latency-bound; forced split counts, to set its shortest run.
+# --decode-short: batch 1 at short context, where one program per KV head is latency-bound; forced split
+# counts, which set decode_splits' shortest run (SPLIT_MIN_ELEMS).
 SHORT_LAYERS = ("E2B-sliding", "E2B-full", "E4B-sliding", "E4B-full", "31B-sliding", "31B-full")
 SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
-SHORT_SPLITS = (1, 2, 4, 8, 16)
+SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
 MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
@@ -187,7 +187,7 @@ def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=
            "kv_bytes_read": kv_bytes, "config": config}
     if splits is None:
         max_keys = case.table.shape[1] * page if case.wl < 0 else min(case.table.shape[1] * page, case.wl + 1)
-        splits = ta.decode_splits(batch, hkv, max_keys, case.q.device)
+        splits = ta.decode_splits(batch, hkv, max_keys, d, case.q.device)
     rec["splits"] = splits
     run = lambda: ta.paged_attention(*case.args(), num_splits=splits, config=config)  # noqa: E731
     out = run()
@@ -504,7 +504,7 @@ def main(argv=None):
         if not args.quick:
             for f in (0.5, 2.0):
                 keys = ctx if "full" in layer else 1024
-                s = max(1, int(ta.decode_splits(b, LAYERS[layer][1], keys, torch.device("cuda")) * f))
+                s = max(1, int(ta.decode_splits(b, LAYERS[layer][1], keys, LAYERS[layer][2], torch.device("cuda")) * f))
                 guarded(res, "decode_sweep", decode_case, layer, b, ctx, peak, try_flex=False, flex_fn=None,
                         splits=s, sdpa=False)
     return _write(res, args.out, t_start)

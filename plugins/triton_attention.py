@@ -194,9 +194,11 @@ def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-@functools.lru_cache(maxsize=None)
-def _sm_count(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+@functools.cache
+def sm_count(device: torch.device) -> int:
+    """The device's SM count, looked up once; off CUDA an H200's 132, so that CPU runs and tests take
+    the launch choices the H200 takes."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
@@ -231,19 +233,25 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     return cfg
 
 
-def decode_splits(batch: int, num_kv_heads: int, max_keys: int, device: torch.device) -> int:
+SPLIT_MIN_ELEMS = 16384  # decode_splits: the fewest key elements (keys x head dim) one split reads per head
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, device: torch.device) -> int:
     """How many key runs each (sequence, KV head) of a decode step is cut into, from shapes only.
 
-    Enough programs for about two waves over the SMs, but no split shorter than 256 keys (below
-    that the combine and the per-program overhead cost more than the parallelism gains).
+    Enough programs for about two waves over the SMs, but no split shorter than SPLIT_MIN_ELEMS key
+    elements: 64 keys at head dim 256, 32 at 512. At batch 1 and a few hundred keys one program per
+    KV head is latency-bound, and on the H200 runs that short measure fastest (bench.kernels
+    --decode-short, plugins/results: 31B sliding layer at 512 keys 24.8 us unsplit, 12.6 with 8 splits;
+    full layer at 1,024 keys 74.9 us, 15.3 with 16); shorter ones gain nothing over the combine.
     The caller passes the batch and table width rounded up to powers of two: the CUDA-graph engine
     pads decode batches to those buckets, and the split count sets the order of the softmax sums,
     so an eager step and a replayed one must pick the same count to compute the same bits."""
-    sms = _sm_count(device.index or 0) if device.type == "cuda" else 132
+    sms = sm_count(device)
     programs = batch * num_kv_heads
     if programs >= sms:
         return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), max_keys // 256, 64))
+    return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, 64))
 
 
 def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
@@ -285,7 +293,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
             max_keys = pow2_bucket(page_table.shape[1]) * page_size
             if window_left >= 0:
                 max_keys = min(max_keys, window_left + 1)
-            num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, q.device)
+            num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, D, q.device)
     else:
         block_q = max(1, cfg["rows"] // GP)
         m_blocks = triton.cdiv(T - B + 1, block_q)

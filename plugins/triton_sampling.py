@@ -29,13 +29,12 @@ graph.
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
 from .reference import SAMPLE_KEY_MAX, SAMPLE_KEY_SCALE, SAMPLE_MASS_SCALE
+from .triton_attention import sm_count
 
 
 SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))
@@ -306,16 +305,12 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V,
 SPLIT_ROUNDS = 2  # top-p rounds the split programs run; a row that needs more goes on in one program
 
 
-@functools.cache
-def _sm_count(device: torch.device) -> int:
-    """The device's SM count, looked up once: `sample` needs it on every call."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 8
-
-
 def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
     """Programs per row for the split passes: enough for about two per SM over all rows, each at least
-    four tiles long; 1 (no split) from twice the SMs' worth of rows up. Only speed depends on it."""
-    return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * _sm_count(device), rows), 64))
+    four tiles long; 1 (no split) from twice the SMs' worth of rows up. Only speed depends on it, so off
+    CUDA it assumes 8 SMs (short interpreter runs)."""
+    sms = sm_count(device) if device.type == "cuda" else 8
+    return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * sms, rows), 64))
 
 
 def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warps: int = 8,

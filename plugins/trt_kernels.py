@@ -26,11 +26,10 @@ from typing import NamedTuple
 import triton
 import triton.language as tl
 
-from .triton_attention import _combine_kernel, _paged_attn_kernel, default_config
+from .triton_attention import SPLIT_MIN_ELEMS, _combine_kernel, _paged_attn_kernel, default_config
 from .triton_kv_write import _kv_write_kernel
 
 MAX_SPLITS = 64  # decode_splits' cap
-KEYS_PER_SPLIT = 256  # decode_splits: no split shorter than this many keys
 ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 
@@ -129,8 +128,8 @@ def pow2_bucket_expr(ops, x, x_max: int):
     return out
 
 
-def split_count(ops, tokens, seqs, width, *, num_kv_heads: int, page_size: int, window_left: int, num_sms: int,
-                max_seqs: int, max_width: int):
+def split_count(ops, tokens, seqs, width, *, num_kv_heads: int, head_dim: int, page_size: int, window_left: int,
+                num_sms: int, max_seqs: int, max_width: int):
     """The CUDA path's decode split count for a step of `tokens` tokens over `seqs` sequences and a
     page table `width` wide (decode_splits on pow2_bucket(B) and pow2_bucket(width) * page keys,
     capped by the window); 1 when the step is not a decode (T != B)."""
@@ -139,18 +138,18 @@ def split_count(ops, tokens, seqs, width, *, num_kv_heads: int, page_size: int, 
     if window_left >= 0:
         max_keys = ops.min(max_keys, window_left + 1)
     programs = batch * num_kv_heads
-    wide = ops.max(1, ops.min(ops.min(ops.cdiv(2 * num_sms, programs), max_keys // KEYS_PER_SPLIT), MAX_SPLITS))
+    wide = ops.max(1, ops.min(ops.min(ops.cdiv(2 * num_sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS), MAX_SPLITS))
     splits = ops.const(1) + (wide - 1) * ops.lt(programs, num_sms)
     return ops.const(1) + (splits - 1) * ops.eq(tokens, seqs)
 
 
-def workspace_rows(*, num_q_heads: int, num_kv_heads: int, page_size: int, window_left: int, num_sms: int,
-                   max_seqs: int, max_width: int) -> int:
+def workspace_rows(*, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, window_left: int,
+                   num_sms: int, max_seqs: int, max_width: int) -> int:
     """Rows of the split-K workspace: the largest B * Hq * splits of any decode the profile allows (a
     partial's row is (token * Hq + head) * splits + split). Splits grow with the table width, so the
     widest table bounds them."""
-    rule = dict(num_kv_heads=num_kv_heads, page_size=page_size, window_left=window_left, num_sms=num_sms,
-                max_seqs=max_seqs, max_width=max_width)
+    rule = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page_size, window_left=window_left,
+                num_sms=num_sms, max_seqs=max_seqs, max_width=max_width)
     return max(b * num_q_heads * split_count(IntOps, b, b, max_width, **rule) for b in range(1, max_seqs + 1))
 
 

@@ -110,7 +110,7 @@ def split_attention_nodes(model, *, num_q_heads: int, num_sms: int, max_seqs: in
             continue
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute
                  if a.name not in schemas.plugin_attrs()}
-        shape = dict(num_kv_heads=attrs["num_kv_heads"], page_size=attrs["page_size"],
+        shape = dict(num_kv_heads=attrs["num_kv_heads"], head_dim=attrs["head_dim"], page_size=attrs["page_size"],
                      window_left=attrs["window_left"])
         rows = workspace_rows(num_q_heads=num_q_heads, **shape, **rule)
         partial, ws_acc, ws_ml = (f"{node.output[0]}__{s}" for s in ("partial", "ws_acc", "ws_ml"))
@@ -174,8 +174,9 @@ def register_plugins() -> None:
         c, tiles = K.compile_attention(_dtype(q), num_q_heads=_const(q.shape_expr[1]), num_kv_heads=num_kv_heads,
                                        head_dim=head_dim, page_size=page_size, scale=scale)
         tokens, seqs, width = q.shape_expr[0], kv_lens.shape_expr[0], page_table.shape_expr[1]
-        splits = K.split_count(K.TrtOps, tokens, seqs, width, num_kv_heads=num_kv_heads, page_size=page_size,
-                               window_left=window_left, num_sms=num_sms, max_seqs=max_seqs, max_width=max_width)
+        splits = K.split_count(K.TrtOps, tokens, seqs, width, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               page_size=page_size, window_left=window_left, num_sms=num_sms, max_seqs=max_seqs,
+                               max_width=max_width)
         lp = _launch(c, K.attention_grid(K.TrtOps, tokens, seqs, splits, block_q=tiles["block_q"],
                                          num_kv_heads=num_kv_heads, dv_split=tiles["dv_split"]))
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(e) for e in (
@@ -193,8 +194,9 @@ def register_plugins() -> None:
                 page_size: int, window_left: int, num_sms: int, max_seqs: int, max_width: int, outputs, tactic):
         c = K.compile_combine(_dtype(partial), head_dim=head_dim)
         tokens, seqs, width = partial.shape_expr[0], kv_lens.shape_expr[0], page_table.shape_expr[1]
-        splits = K.split_count(K.TrtOps, tokens, seqs, width, num_kv_heads=num_kv_heads, page_size=page_size,
-                               window_left=window_left, num_sms=num_sms, max_seqs=max_seqs, max_width=max_width)
+        splits = K.split_count(K.TrtOps, tokens, seqs, width, num_kv_heads=num_kv_heads, head_dim=head_dim,
+                               page_size=page_size, window_left=window_left, num_sms=num_sms, max_seqs=max_seqs,
+                               max_width=max_width)
         lp = _launch(c, K.combine_grid(K.TrtOps, tokens, splits, num_q_heads=num_q_heads))
         return c.name, c.ptx, lp, trtp.SymIntExprs.from_tuple([trtp.SymInt32(splits)])
 

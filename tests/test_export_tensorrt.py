@@ -34,19 +34,20 @@ requires_tensorrt = pytest.mark.skipif(bool(_why), reason=f"tensorrt not importa
 H200_SMEM_BYTES = 232448  # 227 KB of shared memory per block on sm_90 (the opt-in maximum)
 
 
-@pytest.mark.parametrize("num_kv_heads,page,window_left", [(4, 48, -1), (16, 16, 1023), (1, 4, 7), (8, 16, -1)])
-def test_split_rule_is_the_cuda_paths(num_kv_heads, page, window_left):
+@pytest.mark.parametrize("num_kv_heads,head_dim,page,window_left",
+                         [(4, 512, 48, -1), (16, 256, 16, 1023), (1, 64, 4, 7), (8, 256, 16, -1)])
+def test_split_rule_is_the_cuda_paths(num_kv_heads, head_dim, page, window_left):
     """The TensorRT split count (shape-expression arithmetic, here on ints) equals what
     triton_attention.paged_attention picks for every decode, and is 1 for any other step."""
     cpu = torch.device("cpu")  # decode_splits assumes an H200's 132 SMs off CUDA
-    rule = dict(num_kv_heads=num_kv_heads, page_size=page, window_left=window_left, num_sms=132, max_seqs=300,
-                max_width=5000)
+    rule = dict(num_kv_heads=num_kv_heads, head_dim=head_dim, page_size=page, window_left=window_left, num_sms=132,
+                max_seqs=300, max_width=5000)
     for b in range(1, 300, 3):
         for width in (1, 2, 3, 17, 100, 1000, 5000):
             max_keys = pow2_bucket(width) * page
             if window_left >= 0:
                 max_keys = min(max_keys, window_left + 1)
-            want = decode_splits(pow2_bucket(b), num_kv_heads, max_keys, cpu)
+            want = decode_splits(pow2_bucket(b), num_kv_heads, max_keys, head_dim, cpu)
             assert K.split_count(K.IntOps, b, b, width, **rule) == want, (b, width)
             assert K.split_count(K.IntOps, b + 5, b, width, **rule) == 1
     for x_max in (1, 2, 7, 300):
@@ -92,7 +93,7 @@ def test_launch_expressions_use_only_tensorrt_operations(monkeypatch):
                                    min=_top(min))
     monkeypatch.setitem(sys.modules, "tensorrt", types.SimpleNamespace(plugin=plugin))
     monkeypatch.setitem(sys.modules, "tensorrt.plugin", plugin)
-    rule = dict(num_kv_heads=4, page_size=48, window_left=1023, num_sms=132, max_seqs=256, max_width=6000)
+    rule = dict(num_kv_heads=4, head_dim=256, page_size=48, window_left=1023, num_sms=132, max_seqs=256, max_width=6000)
     for t, b, w in [(1, 1, 1), (3, 3, 40), (64, 64, 6000), (300, 8, 77), (256, 256, 5)]:
         splits = K.split_count(K.TrtOps, _Expr(t), _Expr(b), _Expr(w), **rule)
         assert splits.v == K.split_count(K.IntOps, t, b, w, **rule)
@@ -104,7 +105,7 @@ def test_launch_expressions_use_only_tensorrt_operations(monkeypatch):
 
 
 def test_workspace_holds_every_decode():
-    rule = dict(num_kv_heads=4, page_size=48, window_left=-1, num_sms=132, max_seqs=256, max_width=6000)
+    rule = dict(num_kv_heads=4, head_dim=512, page_size=48, window_left=-1, num_sms=132, max_seqs=256, max_width=6000)
     rows = K.workspace_rows(num_q_heads=32, **rule)
     worst = max(b * 32 * K.split_count(K.IntOps, b, b, w, **rule) for b in range(1, 257) for w in (1, 64, 6000))
     assert worst == rows

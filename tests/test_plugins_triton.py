@@ -149,20 +149,24 @@ def test_query_seeing_no_key_yields_zeros():
 
 def test_decode_split_heuristic():
     cpu = torch.device("cpu")  # 132 SMs assumed off-GPU
-    assert ta.decode_splits(1, 16, 1024, cpu) == 4  # sliding window: >= 256 keys per split
-    assert ta.decode_splits(1, 4, 262144, cpu) == 64  # long full layer, one sequence
-    assert ta.decode_splits(16, 4, 262144, cpu) == 5  # 64 programs: about two waves
-    assert ta.decode_splits(64, 16, 8192, cpu) == 1  # enough programs already
+    assert ta.decode_splits(1, 16, 256, 256, cpu) == 4  # short sliding context: >= 64 keys per split at D=256
+    assert ta.decode_splits(1, 4, 256, 512, cpu) == 8  # >= 32 keys per split at D=512
+    assert ta.decode_splits(1, 16, 1024, 256, cpu) == 16  # the sliding window
+    assert ta.decode_splits(1, 1, 16, 256, cpu) == 1  # too few keys to split
+    assert ta.decode_splits(1, 4, 262144, 512, cpu) == 64  # long full layer, one sequence
+    assert ta.decode_splits(16, 4, 262144, 512, cpu) == 5  # 64 programs: about two waves
+    assert ta.decode_splits(64, 16, 8192, 256, cpu) == 1  # enough programs already
 
 
 def test_decode_padded_to_graph_buckets_gives_the_same_bits():
     """The CUDA-graph engine pads a decode batch with dummy sequences (to a power-of-two count) and
     its tables with zero columns (to a power-of-two width); the real rows must not change by a bit,
     or the compiled engine's greedy tokens drift from eager's."""
-    batch = batch_of([1, 1, 1], [700, 75, 333], 4, 2, 16, 16, dtype=torch.float32, seed=5)
+    batch = batch_of([1, 1, 1], [700, 75, 333], 4, 2, 64, 16, dtype=torch.float32, seed=5)
     q, arena, cu_q, kv_lens, table, first, *rest = batch.args()
     eager = ta.paged_attention(q, arena, cu_q, kv_lens, table, first, *rest)
-    assert ta.decode_splits(3, 2, table.shape[1] * 16, q.device) != ta.decode_splits(4, 2, 64 * 16, q.device)
+    # unbucketed, the two calls would split differently (2 and 4 runs)
+    assert ta.decode_splits(3, 2, table.shape[1] * 16, 64, q.device) != ta.decode_splits(4, 2, 64 * 16, 64, q.device)
     pad = lambda t, rows, cols=0: torch.nn.functional.pad(t, (0, cols, 0, rows)) if t.dim() == 2 else \
         torch.nn.functional.pad(t, (0, rows))  # noqa: E731
     padded = ta.paged_attention(
