@@ -249,28 +249,33 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]
     engines run on CUDA). For the first and last form, batches up to 16 also time the Triton skinny matmul
     (plugins/triton_gemv.py) over its configs (`gemv_record`)."""
     from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
-    roles: dict[str, list[torch.Tensor]] = {}
+    roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (role, weight shape): every layer's weight
+
+    def add(role: str, w: torch.Tensor) -> None:  # layers of one role may differ (the E2B's wide MLPs)
+        roles.setdefault((role, tuple(w.shape)), []).append(w)
+
+    fused = {}
     for layer in model.layers:
         kind = "sliding" if layer.self_attn.kv.sliding else "full"
-        for name, mod in layer.named_modules():
-            if isinstance(mod, torch.nn.Linear):
-                roles.setdefault(f"{kind}.{name}", []).append(mod.weight)
-    roles["lm_head"] = [model.embed_tokens.weight]
-    fused = {}
-    for kind in ("sliding", "full"):  # as pack_weights packs them (k_eq_v layers have no v_proj)
-        fused[f"{kind}.mlp.gate_up"] = (f"{kind}.mlp.gate_proj", f"{kind}.mlp.up_proj")
-        fused[f"{kind}.self_attn.qkv"] = tuple(f"{kind}.self_attn.{p}_proj" for p in "qkv"
-                                              if f"{kind}.self_attn.{p}_proj" in roles)
-    fused = {f: parts for f, parts in fused.items() if len(parts) > 1 and all(p in roles for p in parts)}
+        mods = {name: mod for name, mod in layer.named_modules() if isinstance(mod, torch.nn.Linear)}
+        for name, mod in mods.items():
+            add(f"{kind}.{name}", mod.weight)
+        # as pack_weights packs them (k_eq_v layers have no v_proj; KV-shared ones no k or v)
+        for packed, parts in (("mlp.gate_up", ("mlp.gate_proj", "mlp.up_proj")),
+                              ("self_attn.qkv", tuple(f"self_attn.{p}_proj" for p in "qkv"))):
+            ws = [mods[p].weight for p in parts if p in mods]
+            if len(ws) > 1:
+                fused.setdefault((f"{kind}.{packed}", (sum(w.shape[0] for w in ws), ws[0].shape[1])), []).append(ws)
+    add("lm_head", model.embed_tokens.weight)
     records = []
     forms = [(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
-    for role, form in forms:
+    for (role, shape), form in forms:
         if form == "concat":
-            mats = [torch.cat(ws) for ws in zip(*(roles[p] for p in fused[role]))]
+            mats = [torch.cat(ws) for ws in fused[role, shape]]
         elif form == "in_out":
-            mats = [w.t().contiguous() for w in roles[role]]
+            mats = [w.t().contiguous() for w in roles[role, shape]]
         else:
-            mats = roles[role]
+            mats = roles[role, shape]
         nbytes = sum(w.numel() * w.element_size() for w in mats)
         k = mats[0].shape[0] if form == "in_out" else mats[0].shape[1]
         for m in batches:

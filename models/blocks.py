@@ -2,9 +2,10 @@
 
 `rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
 `q_norm_rope`, `add_normed`, `add_rms_norm`, and for the MoE block `router_inputs` and `normed_sum`) and
-the MoE router's `route` are written as Hugging Face writes them.
+the MoE router's `route` are written as Hugging Face writes them; `skinny_linear` is F.linear for the
+decode matmuls a Triton kernel reads faster than cuBLAS (plugins/triton_gemv.py).
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
-`g4rt::<name>` (plugins/triton_norm.py, plugins/triton_moe.py), which the eager and the compiled
+`g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
 (what torch.export traces on CPU, so the ONNX graph has no custom node for them).
 """
@@ -17,7 +18,7 @@ import torch.nn.functional as F
 def block(name: str, kernels: str, *args):
     """Elementwise block `name` through the kernels the model was configured with."""
     if kernels == "triton":
-        from g4rt.plugins import triton_moe, triton_norm  # noqa: F401  (register torch.ops.g4rt.<name>)
+        from g4rt.plugins import triton_gemv, triton_moe, triton_norm  # noqa: F401  (register torch.ops.g4rt.<name>)
         return getattr(torch.ops.g4rt, name)(*args)
     return REFERENCE[name](*args)
 
@@ -107,4 +108,4 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
-             "router_inputs": router_inputs, "normed_sum": normed_sum}
+             "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear}

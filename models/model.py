@@ -131,7 +131,8 @@ class Attention(nn.Module):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
         if self.qkv_weight is not None:  # one matmul, then norms and RoPE of all three in one block
-            return block("qkv_norm_rope", self.kernels, F.linear(x, self.qkv_weight), self.q_norm.weight,
+            qkv = block("skinny_linear", self.kernels, x, self.qkv_weight)
+            return block("qkv_norm_rope", self.kernels, qkv, self.q_norm.weight,
                          self.k_norm.weight, self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads,
                          self.v_proj is None)
         if self.k_proj is None:  # a KV-shared layer: q's norm and RoPE, one block
@@ -373,7 +374,7 @@ class Gemma4Model(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """final-normed hidden rows [R, H] -> fp32 logits [R, vocab]: tied lm_head, softcap in model dtype."""
-        x = F.linear(hidden, self.embed_tokens.weight)
+        x = block("skinny_linear", self.kernels, hidden, self.embed_tokens.weight)
         cap = self.config.final_logit_softcapping
         if cap is not None:
             x = torch.tanh(x / cap) * cap

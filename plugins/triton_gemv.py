@@ -8,19 +8,27 @@ columns (weight rows), walks K in BLOCK_K steps with `num_stages` tiles in fligh
 padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program. No
 split over K, so each output is one program's sum and the result does not depend on the grid.
 
-A candidate, not yet called by the model: `python -m g4rt.bench.engine --matmuls` times it per role
-against cuBLAS over `GEMV_CONFIGS` on the GPU, and the model would use it only where it measures faster.
+`python -m g4rt.bench.engine --matmuls` times it per role against cuBLAS over `GEMV_CONFIGS`. On the
+H200 it reads the 31B's packed q/k/v at batch 1 at 98 % of the copy bandwidth where cuBLAS reads 85 %
+(50 sliding layers: 2.10 against 2.41 ms), and the lm_head at 1.05 ms-per-GB against 1.00; it loses
+to cuBLAS on o_proj and down_proj (N 5,376, long K: too few programs) and ties on gate/up
+(plugins/results). So the model calls it, through the op `g4rt::skinny_linear`, for those two roles
+only, and the op takes it only for a few rows and a weight wide enough to give every SM a program;
+everything else is F.linear.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .triton_attention import interpreting
+from .triton_attention import interpreting, sm_count
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
+SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
+MODEL_CONFIG = (64, 128, 4, 4)  # within 1 % of the fastest tile on every role the op serves
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
@@ -75,3 +83,23 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
             EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, UPCAST=interpreting(),
             PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages)
     return out
+
+
+def takes_gemv(rows: int, n: int, device: torch.device) -> bool:
+    """Whether `g4rt::skinny_linear` runs the kernel: at most SKINNY_ROWS rows, and N wide enough that
+    MODEL_CONFIG's column blocks give every SM a program (below that cuBLAS's split-K wins)."""
+    return rows <= SKINNY_ROWS and triton.cdiv(n, MODEL_CONFIG[0]) >= sm_count(device)
+
+
+@torch.library.custom_op("g4rt::skinny_linear", mutates_args=())
+def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else cuBLAS. One opaque
+    op, so the eager and the compiled engine make the same choice and compute the same bits."""
+    if takes_gemv(x.shape[0], w.shape[0], x.device):
+        return gemv(x.contiguous(), w, MODEL_CONFIG)
+    return F.linear(x, w)
+
+
+@_skinny_linear_op.register_fake
+def _(x, w):
+    return x.new_empty(x.shape[0], w.shape[0])

@@ -64,3 +64,41 @@ def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
     assert rec["ms"] == 1.0 and rec["best_config"] == list(configs[2]) and rec["layers"] == 2
     assert [c["ms"] for c in rec["configs"][:3]] == [3.0, 2.0, 1.0] and all(c["rel_err"] < 2e-2 for c in rec["configs"][:3])
     assert "error" in rec["configs"][3]
+
+
+def test_the_bench_times_each_role_over_weights_of_one_shape(monkeypatch):
+    """bench/engine.py `matmul_roles` on the tiny E2B, whose KV-shared layers have twice the MLP width:
+    each record's weights share one shape (a role of mixed shapes could not run as one matmul loop), and
+    the packed forms are the weights pack_weights packs (q/k/v only where a layer owns its cache)."""
+    from g4rt.bench import engine
+    from g4rt.models.checkpoint import random_model
+    from tests.conftest import tiny_config
+    monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), 1.0)[1])  # runs each form's matmuls once
+    monkeypatch.setattr(engine, "gemv_record", lambda x, mats, reps: {"stage": "matmul_roles", "ms": 1.0})
+    cfg = tiny_config("e2b")
+    model = random_model(cfg, torch.float32, "cpu", seed=0)
+    recs = [r for r in engine.matmul_roles(model, bw=1e3, batches=(1,), reps=1) if "shape" in r]
+    downs = {tuple(r["shape"]) for r in recs if r["role"].endswith("mlp.down_proj") and r["form"] == "out_in"}
+    assert downs == {(cfg.hidden_size, cfg.intermediate_size), (cfg.hidden_size, 2 * cfg.intermediate_size)}
+    shared = sum(layer.self_attn.k_proj is None for layer in model.layers)
+    qkv = [r for r in recs if r["role"].endswith("self_attn.qkv")]
+    assert shared and sum(r["layers"] for r in qkv) == len(model.layers) - shared
+    lm = [r for r in recs if r["role"] == "lm_head"]
+    assert {r["form"] for r in lm} == {"out_in", "in_out"} and lm[0]["shape"] == [cfg.vocab_size, cfg.hidden_size]
+
+
+def test_skinny_linear_takes_the_kernel_only_for_few_rows_and_a_wide_weight():
+    """`g4rt::skinny_linear` (what the model calls for q/k/v and the lm_head): the Triton kernel for up to
+    SKINNY_ROWS rows of a weight with at least one MODEL_CONFIG column block per SM (132 off CUDA), within
+    fp32 rounding of the fp64 product; F.linear, to the bit, for more rows or a narrower weight."""
+    cpu = torch.device("cpu")
+    wide = tg.MODEL_CONFIG[0] * 132
+    assert tg.takes_gemv(tg.SKINNY_ROWS, wide, cpu) and not tg.takes_gemv(tg.SKINNY_ROWS + 1, wide, cpu)
+    assert not tg.takes_gemv(1, wide - tg.MODEL_CONFIG[0], cpu)
+    g = torch.Generator().manual_seed(3)
+    w = torch.randn(wide, 96, generator=g) / 96 ** 0.5
+    x = torch.randn(tg.SKINNY_ROWS + 1, 96, generator=g)
+    got = torch.ops.g4rt.skinny_linear(x[:3], w)
+    torch.testing.assert_close(got, (x[:3].double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+    assert torch.equal(torch.ops.g4rt.skinny_linear(x, w), torch.nn.functional.linear(x, w))
+    assert torch.equal(torch.ops.g4rt.skinny_linear(x[:3], w[:100]), torch.nn.functional.linear(x[:3], w[:100]))
