@@ -119,8 +119,8 @@ def split_attention_nodes(model, *, num_q_heads: int, num_sms: int, max_seqs: in
             domain=schemas.DOMAIN, **attrs, **rule, workspace_rows=rows, **schemas.plugin_attrs()))
         nodes.append(onnx.helper.make_node(
             SPLIT_COMBINE, [partial, ws_acc, ws_ml, node.input[3], node.input[4]], [node.output[0]],
-            name=f"{node.name}__combine", domain=schemas.DOMAIN, num_q_heads=num_q_heads, head_dim=attrs["head_dim"],
-            **shape, **rule, **schemas.plugin_attrs()))
+            name=f"{node.name}__combine", domain=schemas.DOMAIN, num_q_heads=num_q_heads, **shape, **rule,
+            **schemas.plugin_attrs()))
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     keep = [f for f in model.functions if not (f.domain == schemas.DOMAIN and f.name == schemas.PAGED_ATTENTION)]
