@@ -185,7 +185,10 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V.
     `matmul_bytes`: the weight bytes the cuBLAS matmuls read, where other kernels read the rest (a
     mixture-of-experts model's experts); default `weight_bytes`."""
-    key = next(k for k in engine._graphs if k[0] == batch)
+    key = next((k for k in engine._graphs if k[0] == batch), None)
+    if key is None:
+        raise RuntimeError(f"no decode graph of batch {batch} was captured (captured: {sorted(engine._graphs)}); "
+                           f"all {batch} sequences must decode together: more --new-tokens")
     graph, _, inputs = engine._graphs[key]
     static = inputs.views
     times = replay_times(graph, replays)

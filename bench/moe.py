@@ -87,6 +87,8 @@ class ExpertCensus:
 
     def distinct(self) -> list[float]:
         """Mean over the recorded steps of the distinct experts chosen, one number per layer."""
+        if not self.seen:
+            raise RuntimeError(f"no step of exactly {self.tokens} rows ran while the census counted")
         return [statistics.mean(len(torch.unique(idx)) for idx in self.seen[i]) for i in sorted(self.seen)]
 
 
@@ -221,7 +223,9 @@ def main(argv=None) -> int:
                 if name == "eager":  # count the experts the routers choose in these decode steps
                     census = ExpertCensus(model, b)
                     try:
-                        llm.generate(prompts, SamplingParams(max_new_tokens=4, ignore_eos=True))
+                        # long enough that all b sequences decode together for a few steps: with a token
+                        # budget of one prompt, the prefills run one per step beside the earlier decodes
+                        llm.generate(prompts, SamplingParams(max_new_tokens=2 * b + 4, ignore_eos=True))
                     finally:
                         census.close()
                     distinct[b] = census.distinct()
