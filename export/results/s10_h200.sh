@@ -14,10 +14,13 @@
 #         (--profile, 32 new tokens so that every sequence decodes in one step) and each matmul role at
 #         those batches (--matmuls); the 26B-A4B at batch 1 and 8 (bench.moe: tokens against eager,
 #         tok/s against the active-weight roofline, the batch-1 profile).
+#   moe   the 26B-A4B at batch 1, base against new (bench.moe, one arm each), and its matmul roles at
+#         batch 1 and 8, cuBLAS against the skinny matmul (--matmuls): the op's width rule was set on
+#         the 31B's shapes.
 #
 #     git archive --prefix=ab/base/g4rt/ 1f5e15f | tar -x; git archive --prefix=ab/splits/g4rt/ 3ebb29a | tar -x
 #     bash export/results/s10_h200.sh PART [budget_s]   # default 560 s; results under $OUT; carry ab
-PART=${1:?PART: ab, big or prof}
+PART=${1:?PART: ab, big, prof or moe}
 BUDGET=${2:-560}
 TAG=s10-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -62,6 +65,17 @@ case $PART in
     cat "$OUT"/m/export_bench.jsonl > "$OUT/matmuls_31b.jsonl" 2>/dev/null
     cat "$OUT"/moe/*.jsonl > "$OUT/moe_26b.jsonl" 2>/dev/null
     rm -rf "$OUT/p" "$OUT/m" "$OUT/moe"
+    ;;
+  moe)
+    for a in base new; do
+      pp=/tmp/pkg; [ $a = base ] && pp=$PWD/ab/base
+      PYTHONPATH=$pp run_part "moe_$a" 110 python3 -m g4rt.bench.moe --config 26b-a4b --out "$OUT/moe_$a" --batches 1 \
+        --new-tokens 32 --ttft '' --skip-hf --profile
+      python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], **json.loads(l)})) for l in open(sys.argv[2])]" \
+        $a "$OUT/moe_$a/moe_bench.jsonl" >> "$OUT/moe_26b.jsonl"; rm -rf "${OUT:?}/moe_$a"
+    done
+    run_part matmuls 60 python3 -m g4rt.bench.engine --config 26b-a4b --out "$OUT/m" --skip-hf --batches 1,8 --matmuls
+    cp "$OUT/m/export_bench.jsonl" "$OUT/matmuls_26b.jsonl" 2>/dev/null; rm -rf "$OUT/m"
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
