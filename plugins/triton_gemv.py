@@ -10,9 +10,9 @@ split over K, so each output is one program's sum and the result does not depend
 
 `python -m g4rt.bench.engine --matmuls` times it per role against cuBLAS over `GEMV_CONFIGS`. On the
 H200 it reads the 31B's packed q/k/v at batch 1 at 98 % of the copy bandwidth where cuBLAS reads 85 %
-(50 sliding layers: 2.10 against 2.41 ms), and the lm_head at 1.05 ms-per-GB against 1.00; it loses
+(50 sliding layers: 2.10 against 2.41 ms), and the lm_head at 105 % against 100 %; it loses
 to cuBLAS on o_proj and down_proj (N 5,376, long K: too few programs) and ties on gate/up
-(plugins/results). So the model calls it, through the op `g4rt::skinny_linear`, for those two roles
+(export/results, session 10). So the model calls it, through the op `g4rt::skinny_linear`, for those two roles
 only, and the op takes it only for a few rows and a weight wide enough to give every SM a program;
 everything else is F.linear.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).

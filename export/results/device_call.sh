@@ -1,4 +1,4 @@
-# Sourced by the device-call scripts here (pw_h200.sh, s6_h200.sh) after they set BUDGET (seconds for
+# Sourced by the device-call scripts here (pw_h200.sh, s6, s8, s9, s10) after they set BUDGET (seconds for
 # the whole call) and TAG (their log prefix): checks OUT, links this checkout as the package `g4rt`,
 # starts the call's clock (T0) and defines
 # run_part NAME CAP_S COMMAND...: run COMMAND with at most CAP_S seconds, and no more than the call's
@@ -16,4 +16,13 @@ run_part() {
   timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
   echo "[$TAG] $(date +%T) end $name: rc $? at $((SECONDS - T0)) s"
   grep -v '"trace"' "$OUT/$name.log" | grep '"stage"' | cut -c1-300 | tail -8
+}
+# finish_call: the last lines of each part's log (less traces, records and warnings) into $OUT/parts.txt,
+# the logs removed (their records are in the jsonl files), and what is left under $OUT listed.
+finish_call() {
+  for f in "$OUT"/*.log; do
+    echo "== $f"; grep -v '"trace"' "$f" | grep -v '"stage"' | grep -v Warning | tail -5
+  done > "$OUT/parts.txt"
+  rm -f "$OUT"/*.log
+  ls -R "$OUT"
 }

@@ -79,8 +79,4 @@ case $PART in
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
-for f in "$OUT"/*.log; do
-  echo "== $f"; grep -v '"trace"' "$f" | grep -v '"stage"' | grep -v Warning | tail -5
-done > "$OUT/parts.txt"
-rm -f "$OUT"/*.log  # their tails are in parts.txt, their records in the jsonl files
-ls -R "$OUT"
+finish_call
