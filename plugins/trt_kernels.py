@@ -138,7 +138,8 @@ def split_count(ops, tokens, seqs, width, *, num_kv_heads: int, head_dim: int, p
     if window_left >= 0:
         max_keys = ops.min(max_keys, window_left + 1)
     programs = batch * num_kv_heads
-    wide = ops.max(1, ops.min(ops.min(ops.cdiv(2 * num_sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS), MAX_SPLITS))
+    runs = max_keys * head_dim // SPLIT_MIN_ELEMS  # splits the keys allow
+    wide = ops.max(1, ops.min(ops.min(ops.cdiv(2 * num_sms, programs), runs), MAX_SPLITS))
     splits = ops.const(1) + (wide - 1) * ops.lt(programs, num_sms)
     return ops.const(1) + (splits - 1) * ops.eq(tokens, seqs)
 
