@@ -106,15 +106,21 @@ def attention_flops(model, query_positions) -> float:
 
 
 def roofline(model, batch: int, context: int, ceil: dict) -> dict:
-    """What bounds a decode step of `batch` sequences at `context` positions: the bytes it must read
-    over the copy bandwidth (`roofline_*`) and its FLOPs over the bf16 matmul rate (`flop_floor_ms`,
-    which passes the byte time at large batches); with the ceilings they were measured against."""
+    """What bounds a decode step of `batch` sequences at `context` positions, with the ceilings it was
+    measured against: the bytes it must read over the copy bandwidth (`roofline_*`); its FLOPs over the
+    bf16 matmul rate (`flop_floor_ms`, which passes the byte time at large batches); and `serial_*`, the
+    matmuls at the slower of their weight bytes and FLOPs plus the attention at the slower of its KV
+    bytes and FLOPs: the bound of a step that runs the two one after the other, as ours does (at batch
+    256 on the 31B the matmuls are compute-bound while the attention reads tens of GB)."""
     w, kv = weight_bytes_per_step(model, batch), kv_bytes_per_step(model, batch, context)
-    ms = (w + kv) / (ceil["copy_GBps"] * 1e9) * 1e3
-    flops = 2.0 * matmul_params(model) * batch + batch * attention_flops(model, [context - 1])
+    bw, peak = ceil["copy_GBps"] * 1e9, ceil["matmul_TFLOPs"] * 1e12
+    mm_flops, at_flops = 2.0 * matmul_params(model) * batch, batch * attention_flops(model, [context - 1])
+    ms = (w + kv) / bw * 1e3
+    serial = (max(w / bw, mm_flops / peak) + max(kv / bw, at_flops / peak)) * 1e3
     return {"weight_bytes": w, "kv_bytes": kv, "roofline_step_ms": round(ms, 3),
             "roofline_tok_s_total": round(batch / ms * 1e3, 1),
-            "flop_floor_ms": round(flops / (ceil["matmul_TFLOPs"] * 1e12) * 1e3, 3),
+            "flop_floor_ms": round((mm_flops + at_flops) / peak * 1e3, 3),
+            "serial_floor_ms": round(serial, 3), "serial_tok_s_total": round(batch / serial * 1e3, 1),
             "copy_GBps": round(ceil["copy_GBps"], 1), "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)}
 
 

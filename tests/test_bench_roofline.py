@@ -1,0 +1,50 @@
+"""The bench's rooflines (bench/engine.py), which every GPU number is printed beside: the bytes a decode
+step really reads, and the bounds built from them and from its FLOPs."""
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from g4rt.bench.engine import attention_flops, kv_bytes_per_step, matmul_params, roofline, weight_bytes_per_step
+from g4rt.models.model import Gemma4Model
+
+
+@pytest.fixture(scope="module")
+def e2b():
+    return Gemma4Model(tiny_config("e2b"), dtype=torch.bfloat16, device="meta")
+
+
+def test_a_step_reads_only_the_looked_up_rows_of_the_per_layer_table(e2b):
+    table = e2b.embed_tokens_per_layer.weight
+    row = table.shape[1] * table.element_size()
+    whole = sum(p.numel() * p.element_size() for p in e2b.parameters())
+    assert weight_bytes_per_step(e2b, 1) == whole - (table.shape[0] - 1) * row
+    assert weight_bytes_per_step(e2b, 7) - weight_bytes_per_step(e2b, 1) == 6 * row
+
+
+def test_past_the_window_only_the_full_layers_read_more_kv(e2b):
+    layout = e2b.layout
+    window = max(layer.window for layer in layout.layers if layer.sliding)
+    full = sum(not layer.sliding for layer in layout.layers)  # KV-shared layers read their source's again
+    grow = kv_bytes_per_step(e2b, 3, window + 9) - kv_bytes_per_step(e2b, 3, window + 4)
+    assert grow == 3 * 5 * full * layout.full.bytes_per_token_per_layer
+
+
+def test_the_serial_floor_adds_the_matmuls_bound_to_the_attentions(e2b):
+    """Bytes-bound at batch 1: the serial floor is the byte roofline. With a matmul rate low enough that
+    the matmuls are compute-bound but the attention is not, it is the matmuls' FLOP time plus the KV
+    time, above both the byte roofline and the FLOP floor."""
+    bw = 1e6  # bytes/s: slow ceilings keep the tiny model's times clear of the records' 3-decimal rounding
+    one = roofline(e2b, 1, 40, {"copy_GBps": bw / 1e9, "matmul_TFLOPs": 1.0})
+    assert one["serial_floor_ms"] == one["roofline_step_ms"]
+    batch, ctx = 64, 40
+    w, kv = weight_bytes_per_step(e2b, batch), kv_bytes_per_step(e2b, batch, ctx)
+    mm = 2.0 * matmul_params(e2b) * batch
+    at = batch * attention_flops(e2b, [ctx - 1])
+    peak = mm / (1.5 * w / bw)  # FLOP/s at which the matmuls take 1.5x their weight bytes' time
+    assert at / peak < kv / bw  # the attention stays bytes-bound
+    r = roofline(e2b, batch, ctx, {"copy_GBps": bw / 1e9, "matmul_TFLOPs": peak / 1e12})
+    assert r["serial_floor_ms"] == pytest.approx((mm / peak + kv / bw) * 1e3, rel=1e-4)
+    assert r["serial_floor_ms"] > max(r["roofline_step_ms"], r["flop_floor_ms"])
+    assert r["serial_tok_s_total"] == pytest.approx(batch / r["serial_floor_ms"] * 1e3, rel=1e-3)
