@@ -14,13 +14,17 @@
 #         (--profile, 32 new tokens so that every sequence decodes in one step) and each matmul role at
 #         those batches (--matmuls); the 26B-A4B at batch 1 and 8 (bench.moe: tokens against eager,
 #         tok/s against the active-weight roofline, the batch-1 profile).
+#   clocks (not run in session 10) the batch-256 decode steps again with `nvidia-smi dmon` sampling the
+#         SM clock and power every second beside them: the decode-steps run replayed the batch-256 graph
+#         in 44-46 ms at context ~200 where the profile replayed it in 34-37 ms at ~160, and the context
+#         explains only ~2.4 ms of that.
 #   moe   the 26B-A4B at batch 1, base against new (bench.moe, one arm each), and its matmul roles at
 #         batch 1 and 8, cuBLAS against the skinny matmul (--matmuls): the op's width rule was set on
 #         the 31B's shapes.
 #
 #     git archive --prefix=ab/base/g4rt/ 1f5e15f | tar -x; git archive --prefix=ab/splits/g4rt/ 3ebb29a | tar -x
 #     bash export/results/s10_h200.sh PART [budget_s]   # default 560 s; results under $OUT; carry ab
-PART=${1:?PART: ab, big, prof or moe}
+PART=${1:?PART: ab, big, prof, clocks or moe}
 BUDGET=${2:-560}
 TAG=s10-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -65,6 +69,14 @@ case $PART in
     cat "$OUT"/m/export_bench.jsonl > "$OUT/matmuls_31b.jsonl" 2>/dev/null
     cat "$OUT"/moe/*.jsonl > "$OUT/moe_26b.jsonl" 2>/dev/null
     rm -rf "$OUT/p" "$OUT/m" "$OUT/moe"
+    ;;
+  clocks)
+    nvidia-smi dmon -s pcu -d 1 > "$OUT/dmon.txt" 2>&1 &
+    dmon=$!
+    run_part steps256 300 python3 -m g4rt.bench.engine --config 31b --out "$OUT/s" --skip-hf --batches "" \
+      --engines inductor --decode-steps 256 --reps 3
+    kill $dmon
+    cp "$OUT/s/export_bench.jsonl" "$OUT/steps_31b_b256.jsonl" 2>/dev/null; rm -rf "$OUT/s"
     ;;
   moe)
     for a in base new; do
