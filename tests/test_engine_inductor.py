@@ -156,7 +156,7 @@ def test_the_profile_sorts_kernels_by_what_they_do():
              "_add_rms_norm_kernel": "rms_norm", "_rms_norm_kernel": "rms_norm", "_router_inputs_kernel": "rms_norm",
              "_normed_sum_kernel": "rms_norm", "_qkv_norm_rope_kernel": "norm_rope",
              "_gelu_tanh_mul_kernel": "gelu_mul", "triton_poi_fused_add_0": "inductor_fused",
-             "nvjet_tst_128x64_64x4": "matmul", "memcpy32_post": "other"}
+             "nvjet_tst_128x64_64x4": "matmul", "_gemv_kernel": "matmul", "memcpy32_post": "other"}
     prof = SimpleNamespace(events=lambda: [event(n, 2.0) for n in names] + [event("aten::add", 9.0, cpu)])
     kinds = kernel_kinds(prof)
     want = {}

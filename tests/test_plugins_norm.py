@@ -242,5 +242,3 @@ def test_add_normed_refuses_bad_shapes():
         tn.add_normed(torch.zeros(2, 8), torch.zeros(2, 4), torch.ones(4), 1e-6)
     with pytest.raises(ValueError, match=r"scale must hold one value .* shape \(8,\)"):
         tn.add_normed(torch.zeros(2, 8), torch.zeros(2, 8), torch.ones(8), 1e-6, torch.ones(8))
-
-

@@ -17,6 +17,19 @@ run_part() {
   echo "[$TAG] $(date +%T) end $name: rc $? at $((SECONDS - T0)) s"
   grep -v '"trace"' "$OUT/$name.log" | grep '"stage"' | cut -c1-300 | tail -8
 }
+# run_arm PKG ARM REP NAME CAP BENCH ARGS...: `python -m g4rt.bench.BENCH --out DIR ARGS` with the package
+# in PKG (a folder holding g4rt/: this checkout's /tmp/pkg, or a `git archive` of another commit), its
+# records tagged with the arm and the repetition, appended to $OUT/NAME.jsonl.
+run_arm() {
+  local pkg=$1 arm=$2 rep=$3 name=$4 cap=$5 bench=$6 d="$OUT/${4}_${2}_$3"; shift 6
+  [ -d "$pkg/g4rt" ] || { echo "[$TAG] no $pkg/g4rt: git archive it first"; return 1; }
+  PYTHONPATH=$pkg run_part "${name}_${arm}_$rep" "$cap" python3 -m "g4rt.bench.$bench" --out "$d" "$@"
+  for f in "$d"/*.jsonl; do
+    python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
+      for l in open(sys.argv[3])]" "$arm" "$rep" "$f" >> "$OUT/$name.jsonl"
+  done
+  rm -rf "$d"
+}
 # finish_call: the last lines of each part's log (less traces, records and warnings) into $OUT/parts.txt,
 # the logs removed (their records are in the jsonl files), and what is left under $OUT listed.
 finish_call() {

@@ -29,26 +29,19 @@ BUDGET=${2:-560}
 TAG=s10-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
-# arm ARM REP NAME CAP ARGS...: python -m g4rt.bench.engine ARGS from the package of ARM (ab/ARM, or this
-# checkout for "new"), its records tagged with the arm and repetition, appended to $OUT/NAME.jsonl.
+# arm ARM REP NAME CAP BENCH ARGS...: run_arm with the package of ARM (ab/ARM, or this checkout for "new").
 arm() {
-  local arm=$1 rep=$2 name=$3 cap=$4 pp=/tmp/pkg d="$OUT/${3}_${1}_$2"; shift 4
-  [ "$arm" != new ] && pp=$PWD/ab/$arm
-  [ "$arm" != new ] && [ ! -d "$pp/g4rt" ] && { echo "[$TAG] no $pp/g4rt: git archive it first"; return 1; }
-  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" python3 -m g4rt.bench.engine --out "$d" "$@"
-  for f in "$d"/*.jsonl; do
-    python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
-      for l in open(sys.argv[3])]" "$arm" "$rep" "$f" >> "$OUT/$name.jsonl"
-  done
-  rm -rf "$d"
+  local pkg=/tmp/pkg
+  [ "$1" != new ] && pkg=$PWD/ab/$1
+  run_arm "$pkg" "$@"
 }
 small=(--skip-hf --batches 1 --new-tokens 32 --profile)
 case $PART in
   ab)
     for rep in 1 2; do
-      for a in base splits new; do arm $a $rep e2b 80 --config e2b "${small[@]}"; done
+      for a in base splits new; do arm $a $rep e2b 80 engine --config e2b "${small[@]}"; done
     done
-    for a in base splits new; do arm $a 1 31b 90 --config 31b "${small[@]}"; done
+    for a in base splits new; do arm $a 1 31b 90 engine --config 31b "${small[@]}"; done
     run_part matmuls_e2b 60 python3 -m g4rt.bench.engine --config e2b --out "$OUT/m_e2b" --skip-hf --batches 1,8 \
       --matmuls
     cp "$OUT/m_e2b/export_bench.jsonl" "$OUT/matmuls_e2b.jsonl" 2>/dev/null; rm -rf "${OUT:?}/m_e2b"
@@ -80,11 +73,7 @@ case $PART in
     ;;
   moe)
     for a in base new; do
-      pp=/tmp/pkg; [ $a = base ] && pp=$PWD/ab/base
-      PYTHONPATH=$pp run_part "moe_$a" 110 python3 -m g4rt.bench.moe --config 26b-a4b --out "$OUT/moe_$a" --batches 1 \
-        --new-tokens 32 --ttft '' --skip-hf --profile
-      python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], **json.loads(l)})) for l in open(sys.argv[2])]" \
-        $a "$OUT/moe_$a/moe_bench.jsonl" >> "$OUT/moe_26b.jsonl"; rm -rf "${OUT:?}/moe_$a"
+      arm $a 1 moe_26b 110 moe --config 26b-a4b --batches 1 --new-tokens 32 --ttft '' --skip-hf --profile
     done
     run_part matmuls 60 python3 -m g4rt.bench.engine --config 26b-a4b --out "$OUT/m" --skip-hf --batches 1,8 --matmuls
     cp "$OUT/m/export_bench.jsonl" "$OUT/matmuls_26b.jsonl" 2>/dev/null; rm -rf "$OUT/m"

@@ -27,19 +27,11 @@ TAG=s9-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 OLD=$PWD/ab/old
-# ab ARM REP NAME CAP BENCH ARGS...: python -m g4rt.bench.BENCH ARGS (engine or moe) from the package of ARM
-# (old: ab/old, new: this checkout), its records tagged with the arm and repetition, appended to
-# $OUT/NAME.jsonl.
+# ab ARM REP NAME CAP BENCH ARGS...: run_arm with the package of ARM (old: ab/old, new: this checkout).
 ab() {
-  local arm=$1 rep=$2 name=$3 cap=$4 bench=$5 pp=/tmp/pkg d="$OUT/${3}_${1}_$2"; shift 5
-  [ "$arm" = old ] && pp=$OLD
-  [ "$arm" = old ] && [ ! -d "$OLD/g4rt" ] && { echo "[$TAG] no $OLD/g4rt: git archive it first"; return 1; }
-  PYTHONPATH=$pp run_part "${name}_${arm}_$rep" "$cap" python3 -m "g4rt.bench.$bench" --out "$d" "$@"
-  for f in "$d"/*.jsonl; do
-    python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
-      for l in open(sys.argv[3])]" "$arm" "$rep" "$f" >> "$OUT/$name.jsonl"
-  done
-  rm -rf "$d"
+  local pkg=/tmp/pkg
+  [ "$1" = old ] && pkg=$OLD
+  run_arm "$pkg" "$@"
 }
 # matmuls MODEL: its decode matmul roles, cuBLAS and the Triton skinny matmul, to $OUT/matmuls_MODEL.jsonl.
 matmuls() {
