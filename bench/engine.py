@@ -183,6 +183,24 @@ def kernel_kinds(prof) -> dict:
             "top": [[n, round(us / 1e3, 3)] for n, us in top]}
 
 
+def kernel_gaps(prof, top: int = 5) -> dict:
+    """When the GPU idled in a profiled region: the span from its first kernel's start to its last one's
+    end, the idle time inside it (the span less the union of the kernels' intervals), and the `top`
+    longest idle stretches with the kernels either side of them."""
+    runs = sorted((e.time_range.start, e.time_range.end, e.name) for e in prof.events()
+                  if e.device_type == torch.autograd.DeviceType.CUDA)
+    if not runs:
+        return {"span_ms": 0.0, "idle_ms": 0.0, "gaps": []}
+    gaps, reach, last = [], runs[0][1], runs[0][2]
+    for start, end, name in runs[1:]:
+        if start > reach:
+            gaps.append((start - reach, last[:60], name[:60]))
+        if end >= reach:
+            reach, last = end, name
+    return {"span_ms": round((reach - runs[0][0]) / 1e3, 3), "idle_ms": round(sum(g[0] for g in gaps) / 1e3, 3),
+            "gaps": [[round(us / 1e3, 3), before, after] for us, before, after in sorted(gaps, reverse=True)[:top]]}
+
+
 @torch.inference_mode()
 def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50,
                    matmul_bytes: int | None = None) -> dict:
@@ -451,9 +469,12 @@ def prefill_flops(model, prompt_len: int) -> float:
 
 
 @torch.inference_mode()
-def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int, ceil: dict) -> list[dict]:
+def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int, ceil: dict,
+         profile: bool = False) -> list[dict]:
     """Time to first token of one `prompt_len` prompt per prefill chunk (the step's token budget equal
-    to it), arms alternated `reps` times after one warm-up round; floor: its FLOPs at the matmul rate."""
+    to it), arms alternated `reps` times after one warm-up round; floor: its FLOPs at the matmul rate.
+    `profile`: one more prefill per chunk under the profiler, its GPU kernels by kind (`kernel_kinds`)
+    beside its wall time, which tells the kernels' time from the gaps between them."""
     prompt = prompts_for(model, 1, prompt_len, seed)[0]
     floor_s = prefill_flops(model, prompt_len) / (ceil["matmul_TFLOPs"] * 1e12)
     llms = {}
@@ -468,10 +489,18 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
             o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
             if rep:  # round 0 compiles the shapes
                 times[c].append(o.ttft_s)
-    return [{"stage": "ttft", "prompt_len": prompt_len, "chunk": c, "reps": reps, "ttft_s_min": round(min(t), 4),
-             "ttft_s_median": round(statistics.median(t), 4), "ttft_s_max": round(max(t), 4),
-             "bf16_floor_s": round(floor_s, 4), "of_floor": round(floor_s / statistics.median(t), 3),
-             "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)} for c, t in times.items()]
+    out = [{"stage": "ttft", "prompt_len": prompt_len, "chunk": c, "reps": reps, "ttft_s_min": round(min(t), 4),
+            "ttft_s_median": round(statistics.median(t), 4), "ttft_s_max": round(max(t), 4),
+            "bf16_floor_s": round(floor_s, 4), "of_floor": round(floor_s / statistics.median(t), 3),
+            "matmul_TFLOPs": round(ceil["matmul_TFLOPs"], 1)} for c, t in times.items()]
+    for c in chunks if profile else ():
+        sync()
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+            sync()
+        out.append({"stage": "ttft_profile", "prompt_len": prompt_len, "chunk": c,
+                    "ttft_s_profiled": round(o.ttft_s, 4), **kernel_kinds(prof), **kernel_gaps(prof)})
+    return out
 
 
 def hf_model_from(model):
@@ -537,7 +566,7 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     ok = True
     stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
                                                                a.seed + b, ceil)) for b in steps]
-    stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil)) for n in prompts]
+    stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil, a.profile)) for n in prompts]
     for name, arg, run in stages:
         if a.stop_after and time.perf_counter() - t_start > a.stop_after:
             log({"stage": name, "arg": arg, "skipped": f"past --stop-after {a.stop_after} s"})
@@ -578,7 +607,8 @@ def main(argv=None) -> int:
     ap.add_argument("--matmuls", action="store_true",
                     help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
     ap.add_argument("--profile", action="store_true",
-                    help="after each inductor run: graph replay time and per-kernel time of one decode step")
+                    help="after each inductor run: graph replay time and per-kernel time of one decode step; "
+                         "with --ttft, each prompt's prefill kernels by kind")
     ap.add_argument("--runtime-checks", action="store_true", help="also run bench/runtime.py's equality check")
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)

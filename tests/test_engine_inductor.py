@@ -164,3 +164,22 @@ def test_the_profile_sorts_kernels_by_what_they_do():
         want[kind] = want.get(kind, 0) + 1
     assert {k: v["count"] for k, v in kinds["by_kind"].items()} == want
     assert kinds["kernels"] == len(names) and kinds["kernel_ms"] == round(2.0 * len(names) / 1e3, 3)
+
+
+def test_the_profile_finds_where_the_gpu_idled():
+    """bench/engine.py `kernel_gaps`: overlapping kernels (two streams) leave no gap; the idle time is the
+    span less the kernels' union, and the longest gap is named by the kernels around it."""
+    from types import SimpleNamespace
+
+    from g4rt.bench.engine import kernel_gaps
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, start, end, device=cuda):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event("c", 150.0, 160.0), event("a", 0.0, 100.0), event("b", 50.0, 120.0), event("host", 120.0, 150.0, cpu),
+              event("d", 1160.0, 1200.0)]
+    got = kernel_gaps(SimpleNamespace(events=lambda: events), top=1)
+    assert got["span_ms"] == 1.2 and got["idle_ms"] == round((30.0 + 1000.0) / 1e3, 3)
+    assert got["gaps"] == [[1.0, "c", "d"]]
+    assert kernel_gaps(SimpleNamespace(events=lambda: []))["span_ms"] == 0.0

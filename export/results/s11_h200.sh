@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# H200 calls of session 11. One PART per call:
+#
+#   where  the 31B's batch-256 decode steps (3 repetitions) with `nvidia-smi dmon` sampling SM clock,
+#          power and utilisation every second beside them (the decode-steps run replayed the batch-256
+#          graph in 44-46 ms at context ~200 where session 10's profile replayed it in 34-37 ms at ~160),
+#          then the 8k time to first token with its prefill's kernels by kind (--ttft 8192 --profile):
+#          which of the 0.928 s is matmuls, attention, the rest, and gaps.
+#
+#   ab     base (ab/base: 61d05b4) against new (this checkout): the q/k/v norm kernel on token tiles for
+#          prefill chunks, prefill attention programs numbered longest first, a chunk's slots built a
+#          page at a time. The 31B's 8k time to first token (chunks 2,048 and 8,192, 3 rounds, with the
+#          prefill's kernels by kind and its idle stretches: --profile), 2 repetitions, arms alternated, a
+#          fresh process each; then the E2B at batch 1 (tokens against eager, tok/s, decode profile), one
+#          per arm.
+#
+#     git archive --prefix=ab/base/g4rt/ 61d05b4 | tar -x   # for ab; carry ab
+#     bash export/results/s11_h200.sh PART [budget_s]   # default 560 s; results under $OUT
+PART=${1:?PART: where or ab}
+BUDGET=${2:-560}
+TAG=s11-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  where)
+    nvidia-smi dmon -s pcu -d 1 -o T > "$OUT/dmon.txt" 2>&1 &
+    dmon=$!
+    run_part where 480 python3 -m g4rt.bench.engine --config 31b --out "$OUT/w" --skip-hf --batches "" \
+      --engines inductor --decode-steps 256 --reps 3 --ttft 8192 --ttft-chunks 8192 --profile
+    kill $dmon
+    cp "$OUT/w/export_bench.jsonl" "$OUT/where_31b.jsonl" 2>/dev/null; rm -rf "$OUT/w"
+    ;;
+  ab)
+    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
+    for rep in 1 2; do
+      for a in base new; do
+        arm $a $rep ttft_31b 110 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 8192 \
+          --ttft-chunks 2048,8192 --reps 3 --profile
+      done
+    done
+    for a in base new; do arm $a 1 e2b 80 engine --config e2b --skip-hf --batches 1 --new-tokens 32 --profile; done
+    ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
