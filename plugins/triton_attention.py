@@ -93,7 +93,9 @@ def _paged_attn_kernel(
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
-    pid0 = tl.program_id(0)
+    # Programs start in id order; numbered backwards, a prefill chunk's last query tiles, which see the
+    # most keys, start first and the short ones fill the last wave (longest first).
+    pid0 = tl.num_programs(0) - 1 - tl.program_id(0)
     b = tl.program_id(1)
     h = tl.program_id(2)
     if DV_SPLIT == 1:

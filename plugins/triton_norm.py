@@ -104,43 +104,64 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # RoPE and adds up to the order of one fp32 sum per row.
 
 @triton.jit
-def _norm_rope_row(src, w_ptr, cos_ptr, sin_ptr, dst, eps, D: tl.constexpr):
-    """One head: RMSNorm with weight, then RoPE (rotate_half: dim i pairs with i + D/2)."""
+def _norm_rope_rows(src, stride_src, w_ptr, cos_ptr, sin_ptr, dst, stride_dst, t, ok, eps, D: tl.constexpr):
+    """One head of BT tokens (`t`, rows `ok`): RMSNorm with weight, then RoPE (rotate_half: dim i
+    pairs with i + D/2). `src`/`dst` point at the head in token 0; tokens are `stride_*` elements apart."""
     dtype = dst.dtype.element_ty
     c = tl.arange(0, D)
     partner = (c + D // 2) % D
-    x = tl.load(src + c).to(tl.float32)
-    den = _rms(x, D, eps)
-    y = (x / den * tl.load(w_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
-    yp = (tl.load(src + partner).to(tl.float32) / den * tl.load(w_ptr + partner).to(tl.float32)).to(dtype).to(tl.float32)
-    a = (y * tl.load(cos_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
-    b = (tl.where(c < D // 2, -yp, yp) * tl.load(sin_ptr + c).to(tl.float32)).to(dtype).to(tl.float32)
-    tl.store(dst + c, (a + b).to(dtype))
+    m = ok[:, None]
+    row = src + t[:, None] * stride_src
+    x = tl.load(row + c[None, :], mask=m, other=0.0).to(tl.float32)
+    den = tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    w, wp = tl.load(w_ptr + c).to(tl.float32)[None, :], tl.load(w_ptr + partner).to(tl.float32)[None, :]
+    y = (x / den * w).to(dtype).to(tl.float32)
+    yp = (tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32) / den * wp).to(dtype).to(tl.float32)
+    rope = t[:, None] * D
+    a = (y * tl.load(cos_ptr + rope + c[None, :], mask=m, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    b = (tl.where(c[None, :] < D // 2, -yp, yp) * tl.load(sin_ptr + rope + c[None, :], mask=m, other=0.0)
+         .to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(dst + t[:, None] * stride_dst + c[None, :], (a + b).to(dtype), mask=m)
 
 
 @triton.jit
-def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, eps, stride_token,
-                          HQ: tl.constexpr, HKV: tl.constexpr, K_EQ_V: tl.constexpr, D: tl.constexpr):
-    t = tl.program_id(0).to(tl.int64)
+def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, eps, stride_token, T,
+                          HQ: tl.constexpr, HKV: tl.constexpr, K_EQ_V: tl.constexpr, D: tl.constexpr,
+                          BT: tl.constexpr):
+    t = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
+    ok = t < T
     j = tl.program_id(1)  # q heads, then k heads, then v heads
-    row = qkv_ptr + t * stride_token
-    cos, sin = cos_ptr + t * D, sin_ptr + t * D
     if j < HQ:
-        _norm_rope_row(row + j * D, qw_ptr, cos, sin, q_ptr + (t * HQ + j) * D, eps, D)
+        _norm_rope_rows(qkv_ptr + j * D, stride_token, qw_ptr, cos_ptr, sin_ptr, q_ptr + j * D, HQ * D, t, ok, eps, D)
     elif j < HQ + HKV:
-        _norm_rope_row(row + j * D, kw_ptr, cos, sin, k_ptr + (t * HKV + j - HQ) * D, eps, D)
+        _norm_rope_rows(qkv_ptr + j * D, stride_token, kw_ptr, cos_ptr, sin_ptr, k_ptr + (j - HQ) * D, HKV * D, t, ok,
+                        eps, D)
     else:
         h = j - HQ - HKV
-        src = row + (HQ + h) * D if K_EQ_V else row + j * D  # k_eq_v: V is the raw K
+        src = qkv_ptr + ((HQ + h) * D if K_EQ_V else j * D)  # k_eq_v: V is the raw K
         c = tl.arange(0, D)
-        x = tl.load(src + c).to(tl.float32)
-        y = x / _rms(x, D, eps)
-        tl.store(v_ptr + (t * HKV + h) * D + c, y.to(v_ptr.dtype.element_ty))
+        x = tl.load(src + t[:, None] * stride_token + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+        y = x / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y.to(v_ptr.dtype.element_ty), mask=ok[:, None])
+
+
+NORM_ROPE_TILE_FROM = 512  # qkv_norm_rope: steps of at least this many tokens take BT tokens per program
+
+
+def norm_rope_tile(tokens: int, head_dim: int) -> tuple[int, int]:
+    """(tokens per program, warps) of the q/k/v norm kernel. A step of few tokens (decode) keeps one
+    token per program, one or two warps; a prefill chunk takes 2,048 elements per program over 4 warps:
+    one 1-warp program per (token, head) made an 8k chunk of the 31B latency-bound (0.31 ms a layer
+    on the H200 for ~0.55 GB, a third of the copy bandwidth; export/results, session 11)."""
+    if tokens < NORM_ROPE_TILE_FROM:
+        return 1, 1 if head_dim <= 256 else 2
+    return max(1, 2048 // head_dim), 4
 
 
 def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool):
-    """See models.blocks.qkv_norm_rope: one launch, grid (tokens, q + k + v heads), for the q/k/v norms and RoPE."""
+    """See models.blocks.qkv_norm_rope: one launch, grid (token tiles, q + k + v heads), for the q/k/v
+    norms and RoPE (`norm_rope_tile` sets the tile)."""
     T, D = qkv.shape[0], cos.shape[-1]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
@@ -148,9 +169,10 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     q = qkv.new_empty(T, num_q_heads, D)
     k, v = qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
     if T:
-        _qkv_norm_rope_kernel[(T, num_q_heads + 2 * num_kv_heads)](
-            qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), HQ=num_q_heads, HKV=num_kv_heads,
-            K_EQ_V=bool(k_eq_v), D=D, num_warps=1 if D <= 256 else 2)
+        bt, warps = norm_rope_tile(T, D)
+        _qkv_norm_rope_kernel[(triton.cdiv(T, bt), num_q_heads + 2 * num_kv_heads)](
+            qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), T, HQ=num_q_heads,
+            HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, num_warps=warps)
     return q, k, v
 
 

@@ -208,6 +208,20 @@ def test_sliding_pages_return_to_the_pool_as_the_window_moves():
     assert pool.num_free == 64 and pool.reserved == 0
 
 
+def test_a_run_of_slots_is_the_slot_of_each_position():
+    """PageTable.slots builds a chunk's slots a page at a time: the same as slot() per position for runs
+    that start and end inside pages or on their edges; runs past either end of the leased pages raise."""
+    from g4rt.runtime.pages import PageTable
+    table = PageTable(page_tokens=4, frames=[9, 2, 7, 5], first_page=3)  # positions 12..27
+    for run in (range(12, 28), range(13, 14), range(14, 23), range(16, 20), range(27, 28), range(20, 20)):
+        assert table.slots(run) == [table.slot(p) for p in run], run
+    for run in (range(11, 14), range(26, 29)):
+        with pytest.raises(PastPagesError):
+            table.slots(run)
+    with pytest.raises(ValueError, match="step 2"):
+        table.slots(range(12, 20, 2))
+
+
 def test_leases_beyond_the_promise_are_refused_before_taking_a_frame():
     geometry = tiny_geometry()
     pool = FramePool(16)
