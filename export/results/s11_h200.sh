@@ -32,6 +32,20 @@ case $PART in
     ;;
   ab)
     arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
+    # the new q/k/v kernel on the GPU against the torch reference, both tiles, the 31B's head shapes
+    run_part norm_check 60 python3 -c "
+import torch; from g4rt.plugins import triton_norm as tn; from g4rt.models import blocks as ref
+from g4rt.models.model import rope_cos_sin
+for T, hq, hkv, D, kv in [(3, 32, 16, 256, False), (8195, 32, 16, 256, False), (5, 32, 4, 512, True), (8195, 32, 4, 512, True)]:
+    g = torch.Generator(device='cuda').manual_seed(T + D)
+    x = torch.randn(T, (hq + hkv * (1 if kv else 2)) * D, device='cuda', generator=g, dtype=torch.bfloat16)
+    w = [(0.5 + 0.1 * torch.randn(D, device='cuda', generator=g)).bfloat16() for _ in range(2)]
+    cos, sin = rope_cos_sin(1 / (10000 ** (torch.arange(0, D, 2, device='cuda').float() / D)),
+                            torch.randint(0, 8192, (T,), device='cuda', generator=g), torch.bfloat16)
+    a = (x, w[0], w[1], 1e-6, cos, sin, hq, hkv, kv)
+    errs = [((o - r).float().abs() / r.float().abs().clamp_min(1e-3)).max().item() for o, r in zip(tn.qkv_norm_rope(*a), ref.qkv_norm_rope(*a))]
+    print({'stage': 'norm_check', 'T': T, 'D': D, 'tile': tn.norm_rope_tile(T, D), 'max_rel_err_q_k_v': errs})
+"
     for rep in 1 2; do
       for a in base new; do
         arm $a $rep ttft_31b 110 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 8192 \
