@@ -4,6 +4,7 @@
     python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
     python -m g4rt.bench.kernels --out DIR --decode-short      # batch-1 decode at short context, split counts
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
+    python -m g4rt.bench.kernels --out DIR --norms             # the q/k/v norm kernel's tiles (NORM_TILES)
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -320,6 +321,52 @@ SAMPLER_KINDS = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_5
 SAMPLER_TILES = [(1024, 8), (1024, 4), (4096, 8), (2048, 16)]  # (block, num_warps) besides the default (2048, 8)
 
 
+# --norms: the q/k/v norm + RoPE kernel (plugins/triton_norm.py) on a step of T tokens of these layers'
+# heads (q, kv, head dim, k_eq_v), each (tokens per program, warps) tile; (1, 1 or 2) is the decode tile.
+NORM_LAYERS = {"31B-sliding": (32, 16, 256, False), "31B-full": (32, 4, 512, True), "E2B-sliding": (8, 1, 256, False)}
+NORM_TILES = [(1, 1), (1, 2), (2, 2), (4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
+
+
+def norm_cases(tokens=(8192, 2048, 256), peak=None) -> list[dict]:
+    """Per layer and step size, each tile of `NORM_TILES` (those of at most 16,384 elements) timed as a
+    CUDA-graph replay with a cold L2, against the copy bandwidth over the bytes it must move (packed
+    q/k/v in, q, k, v out, cos/sin); every tile's outputs must equal the default tile's bit for bit or
+    be as close to the eager torch reference (`max_abs_err_vs_torch`; outputs are O(1))."""
+    from g4rt.models import blocks
+    from g4rt.models.model import rope_cos_sin
+    from g4rt.plugins import triton_norm as tn
+
+    out = []
+    for name, (hq, hkv, d, kv) in NORM_LAYERS.items():
+        for t in tokens:
+            g = torch.Generator(device="cuda").manual_seed(t + d)
+            width = (hq + hkv * (1 if kv else 2)) * d
+            x = torch.randn(t, width, device="cuda", generator=g).bfloat16()
+            qw, kw = [(0.5 + 0.1 * torch.randn(d, device="cuda", generator=g)).bfloat16() for _ in range(2)]
+            cos, sin = rope_cos_sin(1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d)),
+                                    torch.randint(0, 8192, (t,), device="cuda", generator=g), torch.bfloat16)
+            args = (x, qw, kw, 1e-6, cos, sin, hq, hkv, kv)
+            want = blocks.qkv_norm_rope(*args)  # the eager torch reference
+            default = tn.qkv_norm_rope(*args)
+            assert all(torch.isfinite(o).all() for o in default)
+            moved = 2 * (x.numel() + sum(o.numel() for o in default) + 2 * cos.numel())
+            for bt, w in [tn.norm_rope_tile(t, d)] + [tl_ for tl_ in NORM_TILES if tl_ != tn.norm_rope_tile(t, d)]:
+                if bt * d > 16384:
+                    continue
+                got = tn.qkv_norm_rope(*args, tile=(bt, w))
+                err = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
+                same = all(torch.equal(a, b) for a, b in zip(got, default))
+                ms = time_ms(lambda: tn.qkv_norm_rope(*args, tile=(bt, w)))
+                rec = {"layer": name, "tokens": t, "tile": [bt, w], "default": (bt, w) == tn.norm_rope_tile(t, d),
+                       "same_as_default": same, "max_abs_err_vs_torch": err, "us": round(ms * 1e3, 2),
+                       "GBps": round(moved / ms / 1e6, 1)}
+                if peak:
+                    rec["of_copy_bw"] = round(rec["GBps"] / peak["copy_GBps"], 3)
+                out.append(rec)
+                print("norms", rec, flush=True)
+    return out
+
+
 def _events_ms(fn, calls: int) -> float:
     """Mean GPU ms per call of `calls` back-to-back calls (after two warm-up calls), by CUDA events: what
     a step pays, host launch cost included where the GPU waits for it."""
@@ -417,6 +464,7 @@ def main(argv=None):
     ap.add_argument("--decode-short", action="store_true",
                     help=f"only batch-1 decode of {', '.join(SHORT_LAYERS)} at short context, split counts "
                          f"forced to {SHORT_SPLITS} (what decode_splits' shortest run should be)")
+    ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
@@ -439,6 +487,9 @@ def main(argv=None):
     peak = ceilings(args.quick)
     res["ceilings"] = peak
     print("ceilings", peak, flush=True)
+    if args.norms:
+        res["norms"] = norm_cases(peak=peak)
+        return _write(res, args.out, t_start)
     if args.prefill_only:
         for layer in args.layers.split(","):
             guarded(res, "prefill", prefill_case, layer, 8192, 8192, peak)

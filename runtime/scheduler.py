@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from array import array
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -253,8 +254,8 @@ class Scheduler:
             width = max(1, max(len(r) for r in rows_))
             return torch.tensor([r + [0] * (width - len(r)) for r in rows_], dtype=torch.int32)
 
-        def i32(x) -> torch.Tensor:
-            return torch.tensor(x, dtype=torch.int32)
+        def i32(x: list[int]) -> torch.Tensor:  # through an array: a third of torch.tensor's time for 8k ints
+            return torch.frombuffer(array("i", x), dtype=torch.int32) if x else torch.zeros(0, dtype=torch.int32)
 
         batch = StepBatch(i32(token_ids), i32(positions), i32(cu_q), i32(kv_lens), table(s_rows), i32(s_first),
                           i32(s_slots), table(f_rows), i32(f_slots), i32(rows))

@@ -14,9 +14,13 @@
 #          fresh process each; then the E2B at batch 1 (tokens against eager, tok/s, decode profile), one
 #          per arm.
 #
+#   tiles  the q/k/v norm kernel's tiles at 8,192, 2,048 and 256 tokens (bench.kernels --norms), then the
+#          31B's batch-256 decode graph profiled (--profile, 32 new tokens) with `nvidia-smi dmon` beside
+#          it: the clocks of session 10's profile replays (34-37 ms) against the decode-steps runs' (44-46).
+#
 #     git archive --prefix=ab/base/g4rt/ 61d05b4 | tar -x   # for ab; carry ab
 #     bash export/results/s11_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: where or ab}
+PART=${1:?PART: where, ab or tiles}
 BUDGET=${2:-560}
 TAG=s11-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -53,6 +57,16 @@ for T, hq, hkv, D, kv in [(3, 32, 16, 256, False), (8195, 32, 16, 256, False), (
       done
     done
     for a in base new; do arm $a 1 e2b 80 engine --config e2b --skip-hf --batches 1 --new-tokens 32 --profile; done
+    ;;
+  tiles)
+    run_part norms 120 python3 -m g4rt.bench.kernels --out "$OUT/n" --norms
+    cp "$OUT/n/results.json" "$OUT/norms.json" 2>/dev/null; rm -rf "$OUT/n"
+    nvidia-smi dmon -s pcu -d 1 -o T > "$OUT/dmon.txt" 2>&1 &
+    dmon=$!
+    run_part prof256 300 python3 -m g4rt.bench.engine --config 31b --out "$OUT/p" --skip-hf --batches 256 \
+      --new-tokens 32 --engines inductor --profile
+    kill $dmon
+    cp "$OUT/p/export_bench.jsonl" "$OUT/profile_31b_b256.jsonl" 2>/dev/null; rm -rf "$OUT/p"
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
