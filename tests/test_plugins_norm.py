@@ -172,13 +172,11 @@ def close(got: torch.Tensor, want: torch.Tensor, scale: float):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("k_eq_v", [False, True])
 @pytest.mark.parametrize("D", [16, 256])
-@pytest.mark.parametrize("T", [3, tn.NORM_ROPE_TILE_FROM + 3])
+@pytest.mark.parametrize("T", [3, 259])
 def test_qkv_norm_rope_matches_reference(k_eq_v, D, dtype, T):
-    """Both tiles (`norm_rope_tile`): one token per program (decode), and a prefill chunk's token tiles
-    whose last one is partial."""
+    """One token per program (a decode step), and token tiles whose last one is partial (a prefill chunk:
+    each tile of several tokens `norm_rope_tile` can pick is tried on it)."""
     from g4rt.models.model import rope_cos_sin
-    bt = tn.norm_rope_tile(T, D)[0]
-    assert bt == 1 if T < tn.NORM_ROPE_TILE_FROM else (bt > 1 and T % bt)
     g = torch.Generator().manual_seed(D + k_eq_v)
     hq, hkv = 4, 2
     width = (hq + hkv * (1 if k_eq_v else 2)) * D
@@ -187,8 +185,11 @@ def test_qkv_norm_rope_matches_reference(k_eq_v, D, dtype, T):
     inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
     cos, sin = rope_cos_sin(inv_freq, torch.randint(0, 4096, (T,), generator=g), dtype)
     args = (packed, qw, kw, 1e-6, cos, sin, hq, hkv, k_eq_v)
-    for got, want in zip(tn.qkv_norm_rope(*args), reference.qkv_norm_rope(*args)):
-        close(got, want, scale=2.0)
+    tiles = {tn.norm_rope_tile(n, D) for n in ((256, 2048) if T > 3 else (T,))}
+    assert len(tiles) == (2 if T > 3 else 1) and all(T % bt for bt, _ in tiles if T > 3)
+    for tile in tiles:
+        for got, want in zip(tn.qkv_norm_rope(*args, tile=tile), reference.qkv_norm_rope(*args)):
+            close(got, want, scale=2.0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -14,13 +14,16 @@
 #          fresh process each; then the E2B at batch 1 (tokens against eager, tok/s, decode profile), one
 #          per arm.
 #
+#   ab2    base (ab/base: 61d05b4) against new (this checkout, with the q/k/v norm tiles set from `tiles`):
+#          the 31B's decode steps at batch 1 and 256 and the 8k time to first token (chunks 2,048 and
+#          8,192), 2 repetitions inside each process, arms alternated twice, a fresh process each.
 #   tiles  the q/k/v norm kernel's tiles at 8,192, 2,048 and 256 tokens (bench.kernels --norms), then the
 #          31B's batch-256 decode graph profiled (--profile, 32 new tokens) with `nvidia-smi dmon` beside
 #          it: the clocks of session 10's profile replays (34-37 ms) against the decode-steps runs' (44-46).
 #
 #     git archive --prefix=ab/base/g4rt/ 61d05b4 | tar -x   # for ab; carry ab
 #     bash export/results/s11_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: where, ab or tiles}
+PART=${1:?PART: where, ab, tiles or ab2}
 BUDGET=${2:-560}
 TAG=s11-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -57,6 +60,15 @@ for T, hq, hkv, D, kv in [(3, 32, 16, 256, False), (8195, 32, 16, 256, False), (
       done
     done
     for a in base new; do arm $a 1 e2b 80 engine --config e2b --skip-hf --batches 1 --new-tokens 32 --profile; done
+    ;;
+  ab2)
+    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
+    for rep in 1 2; do
+      for a in base new; do
+        arm $a $rep steps_ttft_31b 140 engine --config 31b --skip-hf --batches "" --engines inductor \
+          --decode-steps 1,256 --reps 2 --ttft 8192 --ttft-chunks 2048,8192
+      done
+    done
     ;;
   tiles)
     run_part norms 120 python3 -m g4rt.bench.kernels --out "$OUT/n" --norms
