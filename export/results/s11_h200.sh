@@ -17,13 +17,17 @@
 #   ab2    base (ab/base: 61d05b4) against new (this checkout, with the q/k/v norm tiles set from `tiles`):
 #          the 31B's decode steps at batch 1 and 256 and the 8k time to first token (chunks 2,048 and
 #          8,192), 2 repetitions inside each process, arms alternated twice, a fresh process each.
+#   pw     the piecewise graphs without the q/k/v copies (aliases of the segments' outputs): the E2B's
+#          staggered requests (mixed steps; each piecewise step against the compiled module on the same
+#          batch, tokens against the eager engine: --staggered), then the 31B's 8k time to first token
+#          with 2,048 and 8,192 chunks and their prefill kernels by kind (--profile).
 #   tiles  the q/k/v norm kernel's tiles at 8,192, 2,048 and 256 tokens (bench.kernels --norms), then the
 #          31B's batch-256 decode graph profiled (--profile, 32 new tokens) with `nvidia-smi dmon` beside
 #          it: the clocks of session 10's profile replays (34-37 ms) against the decode-steps runs' (44-46).
 #
 #     git archive --prefix=ab/base/g4rt/ 61d05b4 | tar -x   # for ab; carry ab
 #     bash export/results/s11_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: where, ab, tiles or ab2}
+PART=${1:?PART: where, ab, tiles, ab2 or pw}
 BUDGET=${2:-560}
 TAG=s11-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -69,6 +73,15 @@ for T, hq, hkv, D, kv in [(3, 32, 16, 256, False), (8195, 32, 16, 256, False), (
           --decode-steps 1,256 --reps 2 --ttft 8192 --ttft-chunks 2048,8192
       done
     done
+    ;;
+  pw)
+    run_part staggered_e2b 150 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
+      --new-tokens 16 --staggered
+    run_part ttft_31b 150 python3 -m g4rt.bench.engine --config 31b --out "$OUT/t" --skip-hf --batches "" \
+      --engines inductor --ttft 8192 --ttft-chunks 2048,8192 --reps 2 --profile
+    cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null
+    cat "$OUT/t/export_bench.jsonl" > "$OUT/ttft_31b.jsonl" 2>/dev/null
+    rm -rf "$OUT/s" "$OUT/t"
     ;;
   tiles)
     run_part norms 120 python3 -m g4rt.bench.kernels --out "$OUT/n" --norms
