@@ -21,13 +21,15 @@
 #          staggered requests (mixed steps; each piecewise step against the compiled module on the same
 #          batch, tokens against the eager engine: --staggered), then the 31B's 8k time to first token
 #          with 2,048 and 8,192 chunks and their prefill kernels by kind (--profile).
+#   last   the batch-256 decode graph profiled at the decode-steps runs' context (prompt 160, 64 new
+#          tokens: the last graph replays at ~224), and the 2k time to first token (chunks 2,048, 8,192).
 #   tiles  the q/k/v norm kernel's tiles at 8,192, 2,048 and 256 tokens (bench.kernels --norms), then the
 #          31B's batch-256 decode graph profiled (--profile, 32 new tokens) with `nvidia-smi dmon` beside
 #          it: the clocks of session 10's profile replays (34-37 ms) against the decode-steps runs' (44-46).
 #
 #     git archive --prefix=ab/base/g4rt/ 61d05b4 | tar -x   # for ab; carry ab
 #     bash export/results/s11_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: where, ab, tiles, ab2 or pw}
+PART=${1:?PART: where, ab, tiles, ab2, pw or last}
 BUDGET=${2:-560}
 TAG=s11-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -82,6 +84,15 @@ for T, hq, hkv, D, kv in [(3, 32, 16, 256, False), (8195, 32, 16, 256, False), (
     cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null
     cat "$OUT/t/export_bench.jsonl" > "$OUT/ttft_31b.jsonl" 2>/dev/null
     rm -rf "$OUT/s" "$OUT/t"
+    ;;
+  last)
+    run_part prof256 200 python3 -m g4rt.bench.engine --config 31b --out "$OUT/p" --skip-hf --batches 256 \
+      --prompt-len 160 --new-tokens 64 --engines inductor --profile
+    run_part ttft2k 100 python3 -m g4rt.bench.engine --config 31b --out "$OUT/t" --skip-hf --batches "" \
+      --engines inductor --ttft 2048 --ttft-chunks 2048,8192 --reps 3
+    cat "$OUT/p/export_bench.jsonl" > "$OUT/profile_31b_b256_ctx224.jsonl" 2>/dev/null
+    cat "$OUT/t/export_bench.jsonl" > "$OUT/ttft2k_31b.jsonl" 2>/dev/null
+    rm -rf "$OUT/p" "$OUT/t"
     ;;
   tiles)
     run_part norms 120 python3 -m g4rt.bench.kernels --out "$OUT/n" --norms
