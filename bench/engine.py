@@ -566,7 +566,8 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     ok = True
     stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
                                                                a.seed + b, ceil)) for b in steps]
-    stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil, a.profile)) for n in prompts]
+    stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil, a.profile))
+               for n in prompts]
     for name, arg, run in stages:
         if a.stop_after and time.perf_counter() - t_start > a.stop_after:
             log({"stage": name, "arg": arg, "skipped": f"past --stop-after {a.stop_after} s"})

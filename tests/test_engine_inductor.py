@@ -177,8 +177,8 @@ def test_the_profile_finds_where_the_gpu_idled():
     def event(name, start, end, device=cuda):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
 
-    events = [event("c", 150.0, 160.0), event("a", 0.0, 100.0), event("b", 50.0, 120.0), event("host", 120.0, 150.0, cpu),
-              event("d", 1160.0, 1200.0)]
+    events = [event("c", 150.0, 160.0), event("a", 0.0, 100.0), event("b", 50.0, 120.0),
+              event("host", 120.0, 150.0, cpu), event("d", 1160.0, 1200.0)]
     got = kernel_gaps(SimpleNamespace(events=lambda: events), top=1)
     assert got["span_ms"] == 1.2 and got["idle_ms"] == round((30.0 + 1000.0) / 1e3, 3)
     assert got["gaps"] == [[1.0, "c", "d"]]

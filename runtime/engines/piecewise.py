@@ -11,18 +11,18 @@ number of tokens: padded to a bucket T' >= T (token 0 at position 0 in the padde
 replayed from a graph captured once per bucket (`token_bucket`; the eager engines pad to the same
 rows, plugins/buckets.py says why). The attention call (K/V write, paged attention) runs
 eagerly on the real T rows with the step's real metadata (its kernels called as plain functions,
-not through the dispatcher: models/paged.py `attention_into`), reading its q/k/v from static buffers the
-segment before it wrote and writing its output into the static buffer the segment after it reads.
+not through the dispatcher: models/paged.py `attention_into`), reading its q/k/v where the segment
+before it wrote them and writing its output into the static buffer the segment after it reads.
 This is vLLM's piecewise CUDA graph, over the model's own attention callback (models/paged.py).
 
 Per bucket: L + 1 graphs (L attention calls), sharing the engine's graph memory pool; tokens and
 positions as static inputs. A segment's q, k and v stay where it wrote them, in the graph pool: the
-attention call reads them through aliases that do not own that memory (`_alias`), so the next
-segment's capture may reuse it, which is safe because every replay of that segment follows the
-attention call (copying them into static buffers cost 2.3 ms per 2,048-token step of the 31B,
-export/results session 11). The attention output goes to a static o buffer sized for the bucket and
-shared by its layers. A step's inputs go through one pinned
-host buffer (two in turn, as the decode graphs' do, inductor.py) in two host-to-device copies.
+attention call reads them through aliases that do not own that memory (`_alias`), so later captures
+may reuse it, which is safe because nothing runs between a segment's replay and its attention call
+(copying them into static buffers cost 2.3 ms per 2,048-token step of the 31B, export/results
+session 11). The attention output goes to a static o buffer sized for the bucket and shared by its
+layers. A step's inputs go through one pinned host buffer (two in turn, as the decode graphs' do,
+inductor.py) in two host-to-device copies.
 The padded rows compute garbage that nothing reads: their attention output is whatever a previous
 step left in the o buffer (finite), and the logits are taken at the real rows only.
 """
@@ -135,7 +135,7 @@ class PiecewiseGraphs:
     def __init__(self, paged, arena: torch.Tensor):
         self.paged, self.arena, self.device = paged, arena, arena.device
         cfg = paged.model.config
-        # per token, the most elements any layer's q (and so k, v, o: kv heads <= q heads) holds
+        # per token, the most elements any layer's attention output (the o buffer) holds
         self._row = cfg.num_attention_heads * max(cfg.head_dim, cfg.global_head_dim)
         self._buckets: dict[int, _Bucket] = {}
         self.staging = Staging(self.device)
