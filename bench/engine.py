@@ -378,6 +378,16 @@ def _graph_of(engine, batch: int):
     return (max(keys), engine._graphs[max(keys)][0]) if keys else (None, None)
 
 
+DECODE_STEPS_BUDGET = 4096  # decode_steps: the token budget of its prefill steps
+
+
+def decode_steps_tokens(batch: int, prompt_len: int, window: int, reps: int) -> int:
+    """New tokens each decode_steps request asks for: its timed steps (2 arms x reps x (window + 1)), 8
+    more, and the head start of the first requests, which decode while later ones still prefill (one
+    token budget per step), so that no request finishes inside a window (the batch would shrink)."""
+    return 8 + 2 * reps * (window + 1) + -(-batch * prompt_len // DECODE_STEPS_BUDGET)
+
+
 @torch.inference_mode()
 def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: int, seed: int,
                  ceil: dict) -> list[dict]:
@@ -387,8 +397,8 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
 
     The caller picks `prompt_len` so that the timed steps stay in one table-width bucket (one graph);
     a capture inside a window would show in `captures_in_window`."""
-    cfg = SchedulerConfig(max_num_batched_tokens=4096, chunk=prompt_len, max_num_seqs=batch)
-    new_tokens = 8 + 2 * reps * (window + 1)
+    cfg = SchedulerConfig(max_num_batched_tokens=DECODE_STEPS_BUDGET, chunk=prompt_len, max_num_seqs=batch)
+    new_tokens = decode_steps_tokens(batch, prompt_len, window, reps)
     frames = sum(promise_for(engine.geometry, prompt_len, new_tokens, cfg.chunk).frames for _ in range(batch)) + 8
     llm = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
     ids = [llm.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
@@ -421,7 +431,8 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
                         "wall_over_replay": None if replay is None else round(wall / replay, 3),
                         "tok_s_total": round(batch / wall * 1e3, 1), "of_roofline": round(r["roofline_step_ms"] / wall, 3),
                         "graph_key": key and list(key),
-                        "captures_in_window": len(engine._graphs) - captured, **r})
+                        "captures_in_window": len(engine._graphs) - captured,
+                        "running_after_window": sum(not s.finished for s in seqs), **r})
     for i in ids:
         llm.cancel(i)
     while llm.has_unfinished():
@@ -556,9 +567,9 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     if not (steps or prompts):
         return True
     geometry = PageGeometry.build(model.layout)
-    step_prompt, window = 160, 12  # positions 160..246: one table-width bucket for every batch (decode_steps)
-    new_tokens = 8 + 2 * a.reps * (window + 1)
-    frames = max([sum(promise_for(geometry, step_prompt, new_tokens, step_prompt).frames for _ in range(b)) for b in steps]
+    step_prompt, window = 160, 12  # up to 3 reps stay below position 256: one table-width bucket (decode_steps)
+    frames = max([sum(promise_for(geometry, step_prompt, decode_steps_tokens(b, step_prompt, window, a.reps),
+                                  step_prompt).frames for _ in range(b)) for b in steps]
                  + [promise_for(geometry, n, 1, max(chunks)).frames for n in prompts]) + 16
     mode = None if a.compile_mode == "none" else a.compile_mode
     engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise)
