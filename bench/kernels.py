@@ -322,7 +322,7 @@ SAMPLER_TILES = [(1024, 8), (1024, 4), (4096, 8), (2048, 16)]  # (block, num_war
 
 
 # --norms: the q/k/v norm + RoPE kernel (plugins/triton_norm.py) on a step of T tokens of these layers'
-# heads (q, kv, head dim, k_eq_v), each (tokens per program, warps) tile; (1, 1 or 2) is the decode tile.
+# heads (q, kv, head dim, k_eq_v), each (tokens per program, warps) tile; (1, 1) is the decode tile.
 NORM_LAYERS = {"31B-sliding": (32, 16, 256, False), "31B-full": (32, 4, 512, True), "E2B-sliding": (8, 1, 256, False)}
 NORM_TILES = [(1, 1), (1, 2), (2, 2), (4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
 
