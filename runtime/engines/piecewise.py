@@ -170,6 +170,7 @@ class PiecewiseGraphs:
                 q, k, v = _alias(q), _alias(k), _alias(v)  # the segment's outputs, where it writes them
                 o = o_buf[: q.numel()].view(q.shape)
                 attend(layer, q, k, v, o)  # eager, between the captures
+                o.zero_()  # that call read memory no kernel had written yet: padded rows must start finite
                 layers.append((layer, q, k, v, o))
                 graph = torch.cuda.CUDAGraph()
                 graph.capture_begin(pool=segments[0].pool())
