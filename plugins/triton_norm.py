@@ -22,8 +22,9 @@ import triton.language as tl
 
 @triton.jit
 def _rms(x, D: tl.constexpr, eps):
-    """Root mean square of a row (fp32, masked-out lanes loaded as 0), plus eps under the root."""
-    return tl.sqrt(tl.sum(x * x, axis=0) / D + eps)
+    """Root mean square over the last axis (a row, or each row of a tile; fp32, masked-out lanes loaded
+    as 0), plus eps under the root."""
+    return tl.sqrt(tl.sum(x * x, axis=-1) / D + eps)
 
 
 @triton.jit
@@ -113,7 +114,7 @@ def _norm_rope_rows(src, stride_src, w_ptr, cos_ptr, sin_ptr, dst, stride_dst, t
     m = ok[:, None]
     row = src + t[:, None] * stride_src
     x = tl.load(row + c[None, :], mask=m, other=0.0).to(tl.float32)
-    den = tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+    den = _rms(x, D, eps)[:, None]
     w, wp = tl.load(w_ptr + c).to(tl.float32)[None, :], tl.load(w_ptr + partner).to(tl.float32)[None, :]
     y = (x / den * w).to(dtype).to(tl.float32)
     yp = (tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32) / den * wp).to(dtype).to(tl.float32)
@@ -141,7 +142,7 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
         src = qkv_ptr + ((HQ + h) * D if K_EQ_V else j * D)  # k_eq_v: V is the raw K
         c = tl.arange(0, D)
         x = tl.load(src + t[:, None] * stride_token + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        y = x / tl.sqrt(tl.sum(x * x, axis=1) / D + eps)[:, None]
+        y = x / _rms(x, D, eps)[:, None]
         tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y.to(v_ptr.dtype.element_ty), mask=ok[:, None])
 
 
