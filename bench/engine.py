@@ -201,6 +201,27 @@ def kernel_gaps(prof, top: int = 5) -> dict:
             "gaps": [[round(us / 1e3, 3), before, after] for us, before, after in sorted(gaps, reverse=True)[:top]]}
 
 
+def host_edges(prof, region: str, top: int = 8) -> dict:
+    """The host's share of a profiled region (a `record_function` named `region`, profiled with CPU and
+    CUDA activity): from the region's start to the GPU's first event (`before_gpu_ms`), from the GPU's
+    last event to the region's end (`after_gpu_ms`), and the `top` CPU ops by self time in the first of
+    the two, the host work a request waits for before its first kernel runs."""
+    events = list(prof.events())
+    cpu = torch.autograd.DeviceType.CPU
+    spans = [e.time_range for e in events if e.name == region and e.device_type == cpu]
+    gpu = [e.time_range for e in events if e.device_type != cpu]
+    if not spans or not gpu:
+        return {"before_gpu_ms": None, "after_gpu_ms": None, "host_top_before_gpu": []}
+    r, first, last = spans[0], min(t.start for t in gpu), max(t.end for t in gpu)
+    ops: dict[str, float] = {}
+    for e in events:
+        if e.device_type == cpu and e.name != region and r.start <= e.time_range.start < first:
+            ops[e.name[:60]] = ops.get(e.name[:60], 0.0) + e.self_cpu_time_total
+    ranked = sorted(ops.items(), key=lambda kv: -kv[1])[:top]
+    return {"before_gpu_ms": round((first - r.start) / 1e3, 3), "after_gpu_ms": round((r.end - last) / 1e3, 3),
+            "host_top_before_gpu": [[n, round(us / 1e3, 3)] for n, us in ranked]}
+
+
 @torch.inference_mode()
 def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50,
                    matmul_bytes: int | None = None) -> dict:
@@ -485,7 +506,8 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
     """Time to first token of one `prompt_len` prompt per prefill chunk (the step's token budget equal
     to it), arms alternated `reps` times after one warm-up round; floor: its FLOPs at the matmul rate.
     `profile`: one more prefill per chunk under the profiler, its GPU kernels by kind (`kernel_kinds`)
-    beside its wall time, which tells the kernels' time from the gaps between them."""
+    beside its wall time, which tells the kernels' time from the gaps between them, and one with the
+    host's ops too (`host_edges`: the host time before the first kernel and after the last)."""
     prompt = prompts_for(model, 1, prompt_len, seed)[0]
     floor_s = prefill_flops(model, prompt_len) / (ceil["matmul_TFLOPs"] * 1e12)
     llms = {}
@@ -511,6 +533,14 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
             sync()
         out.append({"stage": "ttft_profile", "prompt_len": prompt_len, "chunk": c,
                     "ttft_s_profiled": round(o.ttft_s, 4), **kernel_kinds(prof), **kernel_gaps(prof)})
+        sync()  # once more with the host's ops (which the profiler slows): what runs before the first kernel
+        cuda_cpu = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
+        with torch.profiler.profile(activities=cuda_cpu) as prof:
+            with torch.profiler.record_function("ttft.generate"):
+                o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+            sync()
+        out.append({"stage": "ttft_host", "prompt_len": prompt_len, "chunk": c, "ttft_s_profiled": round(o.ttft_s, 4),
+                    **host_edges(prof, "ttft.generate")})
     return out
 
 

@@ -183,3 +183,25 @@ def test_the_profile_finds_where_the_gpu_idled():
     assert got["span_ms"] == 1.2 and got["idle_ms"] == round((30.0 + 1000.0) / 1e3, 3)
     assert got["gaps"] == [[1.0, "c", "d"]]
     assert kernel_gaps(SimpleNamespace(events=lambda: []))["span_ms"] == 0.0
+
+
+def test_the_host_profile_says_what_ran_before_the_first_kernel():
+    """bench/engine.py `host_edges`: the host time from the region's start to the first GPU event and from
+    the last GPU event to the region's end, and the CPU ops by self time that started before the first."""
+    from types import SimpleNamespace
+
+    from g4rt.bench.engine import host_edges
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+
+    def event(name, start, end, device=cpu, self_us=0.0):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               self_cpu_time_total=self_us)
+
+    events = [event("region", 0.0, 5000.0), event("schedule", 100.0, 1100.0, self_us=1000.0),
+              event("aten::copy_", 1200.0, 1300.0, self_us=100.0), event("aten::copy_", 1400.0, 1500.0, self_us=100.0),
+              event("kernel", 2000.0, 4000.0, cuda), event("late", 2500.0, 2600.0, self_us=50.0),
+              event("memcpy", 4000.0, 4500.0, cuda)]
+    got = host_edges(SimpleNamespace(events=lambda: events), "region", top=2)
+    assert got == {"before_gpu_ms": 2.0, "after_gpu_ms": 0.5,
+                   "host_top_before_gpu": [["schedule", 1.0], ["aten::copy_", 0.2]]}
+    assert host_edges(SimpleNamespace(events=lambda: events[1:]), "region")["before_gpu_ms"] is None
