@@ -15,8 +15,8 @@ Both shapes walk only the keys some row of the tile can see: from max(first_page
 window_left) up to p_last. Pages wholly outside the window are never touched, so a sliding layer's
 time stops growing with context once context > window. Key tiles that every row of the query tile
 sees whole (the interior of a long prefill chunk, all but the last tile of a decode) skip the
-per-score causal/window mask; only the tiles at the two edges are masked (not in head dim 512
-prefill, where the split loop measured slower, see default_config).
+per-score causal/window mask; only the tiles at the two edges are masked (fp32 head-dim-512 prefill,
+a reference run's one-stage tile, keeps one masked loop: see default_config).
 
 Prefill with head dim 512 may cut the output columns across `dv_split` programs (config key): each
 recomputes the scores but holds a 1/dv_split accumulator and V tile, which is what limits the tile
@@ -209,11 +209,11 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
     2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355 TFLOP/s
     (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
-    plugins/results/results.md). D=512: 128x64/8 warps/1 stage with the output columns cut in two
-    (dv_split 2) and every tile masked 190 TFLOP/s (28 %), the best tried; at this head dim the unmasked
-    interior makes the kernel slower, not faster (64x32: 25.5 ms with it, 14.8 ms without), so D=512
-    prefill keeps one masked loop (decode keeps the interior: the engine's decode steps were measured with
-    it, export/results). Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
+    plugins/results/results.md). D=512: 128x32/8 warps/2 stages with the output columns cut in two
+    (dv_split 2) and the unmasked interior 197 TFLOP/s (29 %; 11.19 ms), the best tried: the 32-key tiles
+    leave room for a second stage beside the 128 KB Q tile, where 64-key tiles fit one (11.67 ms, masked;
+    with one stage the interior makes the kernel slower, 64x32: 25.5 ms with it, 14.8 ms without).
+    Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
     fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
     D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
     Untimed; chosen to fit."""
@@ -224,10 +224,10 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     elif head_dim <= 256:
         cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
     elif elem_bytes <= 2:
-        cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 1, "dv_split": 2}
+        cfg = {"rows": 128, "block_n": 32, "num_warps": 8, "num_stages": 2, "dv_split": 2}
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
-    cfg["interior"] = decode or head_dim <= 256
+    cfg["interior"] = decode or head_dim <= 256 or elem_bytes <= 2
     if elem_bytes > 2:
         cfg["block_n"] = max(16, cfg["block_n"] // 2)
         if not decode:
