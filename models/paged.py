@@ -1,10 +1,9 @@
 """The step graph: the model over the paged KV arena, one varlen step per call.
 
 `PagedStep.forward(arena, *StepBatch.tensors())` runs the model on the step's flat token axis. Each
-cache-owning layer scatters its new K/V rows into the arena and attends, in one op
-(`g4rt::kv_write_attend_`: with the Triton kernels one launch), or when exporting in two functional
-nodes (`g4rt::kv_write`, then `g4rt::paged_attention`); a KV-shared layer only attends, using its
-source layer's K/V offsets (`PageGeometry.layer_offsets`). Sliding layers use
+cache-owning layer scatters its new K/V rows into the arena (`g4rt::kv_write_`, or the functional
+`g4rt::kv_write` when exporting) and then attends with `g4rt::paged_attention`; a KV-shared layer
+only attends, using its source layer's K/V offsets (`PageGeometry.layer_offsets`). Sliding layers use
 the sliding page table / first page / slots, full layers the full ones with first page 0.
 
 The graph has no host syncs and no data-dependent Python control flow (the MoE experts are the one
@@ -64,14 +63,13 @@ class PagedStep(nn.Module):
         def attention(layer: LayerKV, q, k, v):
             table, first, slots, page = groups[layer.sliding]
             k_off, v_off = geo.layer_offsets(layer.index)
-            wl = window_left(layer.window)
-            if k is not None and not self.functional:  # the write and the attention in one op (one launch)
-                return torch.ops.g4rt.kv_write_attend_(state["arena"], k, v, slots, q, cu_q, kv_lens, table, first,
-                                                       k_off, v_off, page, layer.num_kv_heads, wl, 1.0, kernels)
             if k is not None:
-                state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page, kernels)
+                if self.functional:
+                    state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page, kernels)
+                else:
+                    torch.ops.g4rt.kv_write_(state["arena"], k, v, slots, k_off, v_off, page, kernels)
             return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, k_off, v_off,
-                                                  page, layer.num_kv_heads, wl, 1.0, kernels)
+                                                  page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
         return attention, state
 
     def attention_into(self, arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots, full_table,
@@ -79,19 +77,21 @@ class PagedStep(nn.Module):
         """`attention_over`'s callback as `attend(layer, q, k, v, out)`, writing its output into `out`, for
         an eager caller outside any tracing (the piecewise graphs between their captured segments,
         runtime/engines/piecewise.py): the same kernels, called as plain functions
-        (plugins.ops.implementations) instead of through the dispatcher, once per layer per step.
+        (plugins.ops.implementations) instead of through the dispatcher, twice per layer per step.
         In place only: the functional arena is export's."""
         if self.functional:
             raise ValueError("attention_into writes the arena in place; this PagedStep is functional")
         geo = self.geometry
         groups = self._groups(kv_lens, sliding_table, sliding_first, sliding_slots, full_table, full_slots)
-        attend = implementations(self.model.kernels)[1]
+        write, attend = implementations(self.model.kernels)
 
         def attention(layer: LayerKV, q, k, v, out):
             table, first, slots, page = groups[layer.sliding]
             k_off, v_off = geo.layer_offsets(layer.index)
+            if k is not None:
+                write(arena, k, v, slots, k_off, v_off, page)
             return attend(q, arena, cu_q, kv_lens, table, first, k_off, v_off, page, layer.num_kv_heads,
-                          window_left(layer.window), 1.0, out=out, kv=None if k is None else (k, v, slots))
+                          window_left(layer.window), 1.0, out=out)
         return attention
 
     def forward(self, arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,

@@ -3,9 +3,6 @@
     torch.ops.g4rt.paged_attention(q, arena, cu_q, kv_lens, page_table, first_page,
                                    k_offset, v_offset, page_size, num_kv_heads, window_left, scale, kernels) -> out
     torch.ops.g4rt.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> None  (mutates arena)
-    torch.ops.g4rt.kv_write_attend_(arena, k, v, slots, q, cu_q, kv_lens, page_table, first_page, k_offset,
-                                    v_offset, page_size, num_kv_heads, window_left, scale, kernels) -> out
-                                                                 (both, mutates arena; one Triton launch)
     torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> arena'  (functional)
     torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels) -> out           (the chosen experts' weighted sum)
     torch.ops.g4rt.sample(logits, rows, nucleus, kernels) -> token ids     (greedy / temperature / top-k / top-p)
@@ -57,26 +54,20 @@ def _triton(module: str):
     return importlib.import_module(f"{__package__}.{module}")
 
 
-def _reference_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, *args,
-                         out: torch.Tensor | None = None, kv: tuple | None = None) -> torch.Tensor:
-    if kv is not None:
-        reference.kv_write_ref_(arena, *kv, k_offset, v_offset, page_size)
-    o = reference.paged_attention_ref(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset,
-                                      page_size, *args)
+def _reference_attention(*args, out: torch.Tensor | None = None) -> torch.Tensor:
+    o = reference.paged_attention_ref(*args)
     return o if out is None else out.copy_(o)
 
 
 def implementations(kernels: str):
     """(kv_write_, paged_attention) of `kernels` as plain functions, with the ops' positional arguments
-    less `kernels`; paged_attention also takes `out=` (a contiguous [T, Hq, D] tensor to write into) and
-    `kv=(k, v, slots)`, this step's K/V rows, which it writes into the arena first (the Triton kernel in
-    the same launch, `g4rt::kv_write_attend_`).
+    less `kernels`; paged_attention also takes `out=` (a contiguous [T, Hq, D] tensor to write into).
 
     The ops below call these; an eager caller outside any tracing may call them directly, as the
     piecewise graphs do between their segments (runtime/engines/piecewise.py): an op call through the
-    dispatcher costs host time the kernel does not need, once per layer per step (with direct calls,
-    then two per layer, the E2B's 128-token prefill took 5.6 ms to its first token on the H200, 6.2 ms
-    through the dispatcher, on another machine of the pool: export/results)."""
+    dispatcher costs host time the kernel does not need, twice per layer per step (with the direct
+    calls the E2B's 128-token prefill took 5.6 ms to its first token on the H200, 6.2 ms before, on
+    another machine of the pool: export/results)."""
     if check_kernels(kernels) == "triton":
         return _triton("triton_kv_write").kv_write_, _triton("triton_attention").paged_attention
     return reference.kv_write_ref_, _reference_attention
@@ -93,24 +84,6 @@ def _paged_attention_op(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor
 
 @_paged_attention_op.register_fake
 def _(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
-      window_left, scale, kernels):
-    return torch.empty_like(q)
-
-
-@torch.library.custom_op("g4rt::kv_write_attend_", mutates_args=("arena",))
-def _kv_write_attend_op(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, q: torch.Tensor,
-                        cu_q: torch.Tensor, kv_lens: torch.Tensor, page_table: torch.Tensor, first_page: torch.Tensor,
-                        k_offset: int, v_offset: int, page_size: int, num_kv_heads: int, window_left: int,
-                        scale: float, kernels: str) -> torch.Tensor:
-    """`kv_write_` then `paged_attention`, in place: with the Triton kernels one launch, whose programs
-    read this step's keys from k/v and write them into their slots (a cache-owning layer of the eager
-    and the inductor engines; export keeps the two functional nodes)."""
-    return implementations(kernels)[1](q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset,
-                                       page_size, num_kv_heads, window_left, scale, kv=(k, v, slots))
-
-
-@_kv_write_attend_op.register_fake
-def _(arena, k, v, slots, q, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
       window_left, scale, kernels):
     return torch.empty_like(q)
 

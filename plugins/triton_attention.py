@@ -45,15 +45,12 @@ from .buckets import pow2_bucket
 
 @triton.jit
 def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset,
-                  stride_frame, table_stride, t_end, dv0, knew_ptr, vnew_ptr, fresh_from, q_start,
+                  stride_frame, table_stride, t_end, dv0,
                   HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
-                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, WRITE: tl.constexpr, UPCAST: tl.constexpr,
-                  PREC: tl.constexpr):
+                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
     """Online softmax over the key tiles starting in [lo, hi). MASK False: every row sees every key of
     these tiles (the caller proved it), so the per-score causal/window mask is skipped; where it would
-    be all true the result is the same bits. Loads stay masked at t_end (cheap: one bit per key row).
-    WRITE: keys from position `fresh_from` on are this step's, read from its own k/v rows (the same
-    values the kernel writes into the arena, which other programs may not have written yet)."""
+    be all true the result is the same bits. Loads stay masked at t_end (cheap: one bit per key row)."""
     d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
     n_off = tl.arange(0, BLOCK_N)
@@ -62,14 +59,7 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
         k_ok = kn < t_end
         frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
         base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
-        k_rows = arena_ptr + k_offset + base  # one pointer per key row
-        v_rows = arena_ptr + v_offset + base
-        if WRITE:
-            fresh = kn >= fresh_from
-            row = (q_start + kn - fresh_from).to(tl.int64) * (HKV * D) + h * D
-            k_rows = tl.where(fresh, knew_ptr + row, k_rows)
-            v_rows = tl.where(fresh, vnew_ptr + row, v_rows)
-        kt = tl.load(k_rows[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
+        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
         s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
@@ -81,7 +71,7 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(v_rows[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
+        vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
         if UPCAST:
             vt = vt.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
@@ -92,12 +82,10 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
 @triton.jit
 def _paged_attn_kernel(
     q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
-    knew_ptr, vnew_ptr, slots_ptr,
     scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    WRITE: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -125,27 +113,13 @@ def _paged_attn_kernel(
         return
     kv_len = tl.load(kv_lens_ptr + b)
     first = tl.load(first_ptr + b)
-    fresh_from = kv_len - q_len  # the position of this step's first token: keys from here on are new
-    d = tl.arange(0, D)
-    if WRITE:  # the new K/V rows of the tile's tokens for this KV head into their slots: one program each
-        writer = split == 0
-        if DV_SPLIT > 1:
-            writer = writer & (dv0 == 0)
-        if writer:
-            tq = m0 + tl.arange(0, BLOCK_Q)
-            slot = tl.load(slots_ptr + q_start + tq, mask=tq < q_len, other=-1)
-            w_ok = (slot >= 0)[:, None] & (d[None, :] < D)
-            safe = tl.where(slot >= 0, slot, 0)
-            dst = ((safe // PAGE).to(tl.int64) * stride_frame + ((safe % PAGE) * HKV + h) * D)[:, None] + d[None, :]
-            src = ((q_start + tq).to(tl.int64) * (HKV * D) + h * D)[:, None] + d[None, :]
-            tl.store(arena_ptr + k_offset + dst, tl.load(knew_ptr + src, mask=w_ok), mask=w_ok)
-            tl.store(arena_ptr + v_offset + dst, tl.load(vnew_ptr + src, mask=w_ok), mask=w_ok)
 
     r = tl.arange(0, ROWS)
     qi = m0 + r // GP  # query index inside the sequence
     g = r % GP  # head inside the group
     row_ok = (qi < q_len) & (g < G)
     pos = kv_len - q_len + qi  # absolute position of each row's query
+    d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
     q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
     q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
@@ -176,21 +150,17 @@ def _paged_attn_kernel(
     if INTERIOR:
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                      table_stride, t_end, dv0, knew_ptr, vnew_ptr, fresh_from, q_start, HKV, D, DV,
-                                      PAGE, BLOCK_N, True, WRITE, UPCAST, PREC)
+                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j0 * BLOCK_N, t_begin + j1 * BLOCK_N,
                                       pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                      table_stride, t_end, dv0, knew_ptr, vnew_ptr, fresh_from, q_start, HKV, D, DV,
-                                      PAGE, BLOCK_N, False, WRITE, UPCAST, PREC)
+                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, False, UPCAST, PREC)
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j1 * BLOCK_N, t_end, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                      table_stride, t_end, dv0, knew_ptr, vnew_ptr, fresh_from, q_start, HKV, D, DV,
-                                      PAGE, BLOCK_N, True, WRITE, UPCAST, PREC)
+                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
     else:  # one masked loop over every tile
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_end, pos, wl, arena_ptr, table_ptr,
                                       b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end, dv0,
-                                      knew_ptr, vnew_ptr, fresh_from, q_start, HKV, D, DV, PAGE, BLOCK_N, True, WRITE,
-                                      UPCAST, PREC)
+                                      HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
 
     if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
@@ -289,14 +259,10 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, d
 def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
                     page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
                     page_size: int, num_kv_heads: int, window_left: int, scale: float, *,
-                    out: torch.Tensor | None = None, kv: tuple | None = None, num_splits: int | None = None,
+                    out: torch.Tensor | None = None, num_splits: int | None = None,
                     config: dict | None = None, decode: bool | None = None) -> torch.Tensor:
     """Launch the kernel(s); same arguments as the op. No host syncs: every launch parameter comes
     from shapes and Python ints.
-
-    `kv` = (k, v, slots): this step's K/V rows [T, Hkv, D] and their slots, written into the arena by
-    the same launch (what `g4rt::kv_write_` would write; the op `g4rt::kv_write_attend_`). The kernel
-    reads the step's own keys from k/v rather than the arena, so no program waits for another's write.
 
     Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned),
     `num_splits` (force the decode split count), `config` (tile overrides, see default_config;
@@ -334,15 +300,6 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         block_q = max(1, cfg["rows"] // GP)
         m_blocks = triton.cdiv(T - B + 1, block_q)
         num_splits = num_splits or 1
-    if kv is not None:
-        k, v, slots = kv
-        if k.shape != (T, HKV, D) or v.shape != k.shape or slots.shape != (T,) or k.dtype != arena.dtype:
-            raise ValueError(f"kv: k and v must be [T, Hkv, D] = {[T, HKV, D]} in the arena's {arena.dtype} and "
-                             f"slots [T], got k {tuple(k.shape)} {k.dtype}, v {tuple(v.shape)}, slots "
-                             f"{tuple(slots.shape)}")
-        k, v = k.contiguous(), v.contiguous()
-    else:
-        k = v = slots = q  # never touched
     if num_splits > 1:
         ws_acc = torch.empty((T * HQ * num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T * HQ * num_splits, 2), dtype=torch.float32, device=q.device)
@@ -356,11 +313,11 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
                          f"dv_split={dv_split}, num_splits={num_splits}")
     grid = (m_blocks * num_splits * dv_split, B, HKV)
     _paged_attn_kernel[grid](
-        q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml, k, v, slots,
+        q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
         num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
         BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
-        UPCAST=upcast, PREC=prec, WRITE=kv is not None,
+        UPCAST=upcast, PREC=prec,
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     if num_splits > 1:

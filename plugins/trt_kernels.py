@@ -47,15 +47,13 @@ def attention_abi(q, arena, cu_q, kv_lens, table, first, window_left, k_offset, 
                   UPCAST: tl.constexpr, PREC: tl.constexpr):
     # Keyword constexprs: the kernel's tile parameters, by name. With DV_SPLIT > 1 and several splits
     # each column slice writes its part of a partial and the same (m, l): identical values.
-    # The step's K/V rows reach the arena through the kv_write plugin, so the kernel writes none (its
-    # k, v and slots parameters, unused, are q, q and cu_q).
     if num_splits == 1:
-        _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, q, q, cu_q, SCALE, window_left,
+        _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
                            k_offset, v_offset, stride_frame, table_stride, 1, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D,
                            PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=False, DV_SPLIT=DV_SPLIT,
                            INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
     else:
-        _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, q, q, cu_q, SCALE, window_left,
+        _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
                            k_offset, v_offset, stride_frame, table_stride, num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP,
                            D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=True, DV_SPLIT=DV_SPLIT,
                            INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)

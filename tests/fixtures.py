@@ -51,20 +51,6 @@ class PagedBatch:
                     mask[frame, off + row * width: off + (row + 1) * width] = True
         return mask
 
-    def new_rows(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(k, v, slots): each query token's own K/V row [T, Hkv, D] (what the step writes) and its slot,
-        frame * page_size + offset in page, as the runtime computes them."""
-        ks, vs, slots = [], [], []
-        for b in range(len(self.kv_lens)):
-            kv_len, q_len = int(self.kv_lens[b]), int(self.cu_q[b + 1] - self.cu_q[b])
-            lo = int(self.first_page[b]) * self.page_size
-            for pos in range(kv_len - q_len, kv_len):
-                frame = int(self.page_table[b, pos // self.page_size - int(self.first_page[b])])
-                slots.append(frame * self.page_size + pos % self.page_size)
-            ks.append(self.seq_k[b][kv_len - q_len - lo:])
-            vs.append(self.seq_v[b][kv_len - q_len - lo:])
-        return torch.cat(ks), torch.cat(vs), torch.tensor(slots, dtype=torch.int32, device=self.q.device)
-
     def poisoned_arena(self) -> torch.Tensor:
         """The arena with NaN wherever `visible()` is False: NaN in a kernel's output then proves it
         read something outside its keys (a dot with NaN stays NaN even when the score is masked)."""

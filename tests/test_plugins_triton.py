@@ -210,53 +210,6 @@ def test_ops_with_triton_kernels(monkeypatch):
     assert calls == [1]  # the reference did not call the kernel
 
 
-@pytest.mark.parametrize("case,dv_split", [("prefill", 1), ("prefill", 2), ("decode", 1), ("mixed", 1),
-                                           ("mixed", 2)])  # the column split is a prefill tile
-def test_the_kernel_writes_the_new_rows_and_reads_them_from_k_and_v(case, dv_split):
-    """kv=(k, v, slots): the step's K/V rows reach their slots in the same launch, and the attention
-    reads them from k/v, not the arena (their slots hold NaN when the kernel starts, as they would
-    hold stale rows): same output as the reference over the written arena, the arena afterwards
-    exactly `kv_write_ref`'s (a slot of -1 writes nothing), no other element touched."""
-    q_lens, kv_lens, wl = {"prefill": ([40, 23], [100, 23], 29), "decode": ([1, 1, 1], [37, 5, 64], 20),
-                           "mixed": ([1, 17, 1], [48, 17, 33], -1)}[case]
-    batch = batch_of(q_lens, kv_lens, 4, 2, 64, 16, wl=wl, resident=wl >= 0, seed=21)
-    k, v, slots = batch.new_rows()
-    slots[1] = -1  # the second token's row is not written (a padded row's slot)
-    arena = batch.poisoned_arena()
-    rows = [(int(s) // batch.page_size, int(s) % batch.page_size) for s in slots if s >= 0]
-    width = k.shape[1] * k.shape[2]
-    for frame, row in rows:  # the new rows' slots start stale
-        for off in (batch.k_offset, batch.v_offset):
-            arena[frame, off + row * width: off + (row + 1) * width] = float("nan")
-    want_arena = kv_write_ref(arena, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
-    args = list(batch.args())
-    args[1] = arena
-    got = ta.paged_attention(*args, out=torch.full_like(batch.q, float("nan")), kv=(k, v, slots),
-                             config={"dv_split": dv_split} if dv_split > 1 else None)
-    assert torch.isfinite(got).all()
-    torch.testing.assert_close(got, paged_attention_ref(*batch.args()), atol=2e-5, rtol=2e-5)
-    torch.testing.assert_close(arena, want_arena, rtol=0, atol=0, equal_nan=True)
-    with pytest.raises(ValueError, match=r"kv: k and v must be \[T, Hkv, D\]"):
-        ta.paged_attention(*batch.args(), kv=(k[:, :1], v, slots))
-
-
-def test_the_write_and_attend_op_is_both_ops():
-    """`g4rt::kv_write_attend_` with either implementation: the arena `kv_write_` leaves and the output
-    `paged_attention` gives over it."""
-    batch = batch_of([3, 1], [19, 8], 4, 2, 16, 16, wl=6, resident=True, seed=23)
-    k, v, slots = batch.new_rows()
-    offs = (batch.k_offset, batch.v_offset, batch.page_size)
-    want_arena = kv_write_ref(batch.arena, k + 1, v - 1, slots, *offs)
-    want = paged_attention_ref(batch.q, want_arena, *batch.args()[2:])
-    for kernels in ("triton", "reference"):
-        arena = batch.arena.clone()
-        got = torch.ops.g4rt.kv_write_attend_(arena, k + 1, v - 1, slots, batch.q, batch.cu_q, batch.kv_lens,
-                                              batch.page_table, batch.first_page, *offs, batch.num_kv_heads,
-                                              batch.window_left, batch.scale, kernels)
-        assert torch.equal(arena, want_arena)
-        torch.testing.assert_close(got, want, atol=2e-5, rtol=2e-5)
-
-
 @pytest.mark.parametrize("wl", [-1, 29])
 @pytest.mark.parametrize("dv_split", [1, 2, 4])
 def test_prefill_interior_tiles_and_column_split(wl, dv_split):

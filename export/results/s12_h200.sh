@@ -9,19 +9,14 @@
 #          patch's splits over K and the config its rule takes (--matmuls: op_config, op_ms); the 31B's
 #          8k time to first token with its prefill's kernels by kind and, profiled once more with the
 #          host's ops, what the host does before the first kernel and after the last (ttft_host).
-#   ab     base (ab/base: b0ed87d) against new (this checkout: head-dim-512 prefill attention on 128x32
-#          tiles with 2 stages, and each cache-owning layer's K/V write inside its attention launch,
-#          `g4rt::kv_write_attend_`): the 31B's decode steps at batch 1 and 256 and the 8k time to first
-#          token (chunks 2,048 and 8,192), 2 repetitions inside each process, arms alternated twice, a
-#          fresh process each.
-#   check  new only: the E2B's staggered requests (the fused write in the piecewise graphs, the decode
-#          graphs and the eager engine: tokens against eager, piecewise steps against the compiled
-#          module); then base against new at batch 1 for the E2B and the E4B (tokens against eager,
-#          tok/s, decode profile), one process per arm; then the 31B's decode steps at batch 64 and 128.
+#   ab     base (ab/base: 161cf1a, cuBLAS for o_proj, gate/up, down and the PLE matmuls) against new (this
+#          checkout: `g4rt::skinny_linear` on every matmul of a layer, split over K where a weight is
+#          narrow): batch-1 decode (tokens against eager, tok/s, decode profile) of the 31B, the E2B and
+#          the E4B, arms alternated, a fresh process each.
 #
-#     git archive --prefix=ab/base/g4rt/ b0ed87d | tar -x   # for ab and check; carry ab
+#     git archive --prefix=ab/base/g4rt/ 161cf1a | tar -x   # for ab; carry ab
 #     bash export/results/s12_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: sweep, ab or check}
+PART=${1:?PART: sweep or ab}
 BUDGET=${2:-560}
 TAG=s12-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -46,23 +41,13 @@ case $PART in
     arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     for rep in 1 2; do
       for a in base new; do
-        arm $a $rep steps_ttft_31b 140 engine --config 31b --skip-hf --batches "" --engines inductor \
-          --decode-steps 1,256 --reps 2 --ttft 8192 --ttft-chunks 2048,8192
+        arm $a $rep b1_31b 110 engine --config 31b --skip-hf --batches 1 --new-tokens 48 --profile
       done
     done
-    ;;
-  check)
-    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
-    run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
-      --new-tokens 16 --staggered
-    cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"
     for a in base new; do
       arm $a 1 b1_e2b 60 engine --config e2b --skip-hf --batches 1 --new-tokens 48 --profile
       arm $a 1 b1_e4b 60 engine --config e4b --skip-hf --batches 1 --new-tokens 48 --profile
     done
-    run_part steps_31b 130 python3 -m g4rt.bench.engine --config 31b --out "$OUT/d" --skip-hf --batches "" \
-      --engines inductor --decode-steps 64,128 --reps 2
-    cat "$OUT/d/export_bench.jsonl" > "$OUT/steps_31b_b64_b128.jsonl" 2>/dev/null; rm -rf "$OUT/d"
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
