@@ -85,7 +85,9 @@ PREFILL_SWEEP = {
                                            (128, 64, 16, 1, 2, False),
                                            # the default's rows and column cut with 32-key tiles, which
                                            # leave room for a second stage (Q 128 KB + 2 x 48 KB)
-                                           (128, 32, 8, 2, 2, False), (128, 32, 8, 2, 2, True)]],
+                                           (128, 32, 8, 2, 2, False), (128, 32, 8, 2, 2, True),
+                                           # 16-key tiles: room for 3 and 4 stages
+                                           (128, 16, 8, 3, 2, True), (128, 16, 8, 4, 2, True)]],
     "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
                     for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
                                            (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]]

@@ -9,14 +9,21 @@
 #          patch's splits over K and the config its rule takes (--matmuls: op_config, op_ms); the 31B's
 #          8k time to first token with its prefill's kernels by kind and, profiled once more with the
 #          host's ops, what the host does before the first kernel and after the last (ttft_host).
-#   ab     base (ab/base: 161cf1a, cuBLAS for o_proj, gate/up, down and the PLE matmuls) against new (this
-#          checkout: `g4rt::skinny_linear` on every matmul of a layer, split over K where a weight is
-#          narrow): batch-1 decode (tokens against eager, tok/s, decode profile) of the 31B, the E2B and
-#          the E4B, arms alternated, a fresh process each.
+#   ab     base (ab/base: b0ed87d) against new (this checkout: head-dim-512 prefill attention on 128x32
+#          tiles with 2 stages, and each cache-owning layer's K/V write inside its attention launch,
+#          `g4rt::kv_write_attend_`): the 31B's decode steps at batch 1 and 256 and the 8k time to first
+#          token (chunks 2,048 and 8,192), 2 repetitions inside each process, arms alternated twice, a
+#          fresh process each.
+#          (Measured slower at decode and reverted: 4ade870.)
+#   ab2    base (ab/base: b0ed87d) against new (this checkout: head-dim-512 prefill attention on 128x32
+#          tiles with 2 stages, without the fused write): the two 16-key head-dim-512 tiles added to the
+#          prefill sweep first (bench.kernels --prefill-only --layers 31B-full); then the 31B's 8k time
+#          to first token (one 8,192 chunk, 3 rounds, its prefill's kernels by kind: --profile), arms
+#          alternated twice, a fresh process each; then the 31B's decode steps at batch 64 and 128.
 #
-#     git archive --prefix=ab/base/g4rt/ 161cf1a | tar -x   # for ab; carry ab
+#     git archive --prefix=ab/base/g4rt/ b0ed87d | tar -x   # for ab and ab2; carry ab
 #     bash export/results/s12_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: sweep or ab}
+PART=${1:?PART: sweep, ab or ab2}
 BUDGET=${2:-560}
 TAG=s12-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -41,13 +48,24 @@ case $PART in
     arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     for rep in 1 2; do
       for a in base new; do
-        arm $a $rep b1_31b 110 engine --config 31b --skip-hf --batches 1 --new-tokens 48 --profile
+        arm $a $rep steps_ttft_31b 140 engine --config 31b --skip-hf --batches "" --engines inductor \
+          --decode-steps 1,256 --reps 2 --ttft 8192 --ttft-chunks 2048,8192
       done
     done
-    for a in base new; do
-      arm $a 1 b1_e2b 60 engine --config e2b --skip-hf --batches 1 --new-tokens 48 --profile
-      arm $a 1 b1_e4b 60 engine --config e4b --skip-hf --batches 1 --new-tokens 48 --profile
+    ;;
+  ab2)
+    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
+    run_part prefill_d512 90 python3 -m g4rt.bench.kernels --out "$OUT/p" --prefill-only --layers 31B-full
+    cp "$OUT/p/results.json" "$OUT/prefill_d512.json" 2>/dev/null; rm -rf "$OUT/p"
+    for rep in 1 2; do
+      for a in base new; do
+        arm $a $rep ttft_31b 100 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 8192 \
+          --ttft-chunks 8192 --reps 3 --profile
+      done
     done
+    run_part steps_31b 130 python3 -m g4rt.bench.engine --config 31b --out "$OUT/d" --skip-hf --batches "" \
+      --engines inductor --decode-steps 64,128 --reps 2
+    cat "$OUT/d/export_bench.jsonl" > "$OUT/steps_31b_b64_b128.jsonl" 2>/dev/null; rm -rf "$OUT/d"
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
