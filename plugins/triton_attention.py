@@ -86,11 +86,13 @@ def _paged_attn_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
     # DV_SPLIT > 1: each program writes 1/DV_SPLIT of the output's columns (same scores, recomputed),
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
+    await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
     # Programs start in id order; numbered backwards, a prefill chunk's last query tiles, which see the
@@ -174,8 +176,10 @@ def _paged_attn_kernel(
 
 
 @triton.jit
-def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr):
+def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr,
+                    PDL: tl.constexpr = False):
     """Merge the num_splits partial softmaxes of one (token, query head) row into the output."""
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_S)
     s_ok = sp < num_splits
@@ -194,6 +198,26 @@ def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr,
 
 def interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+@functools.cache
+def pdl(device: torch.device) -> bool:
+    """Whether the step's Triton kernels launch with programmatic dependent launch (Hopper and later;
+    never under the interpreter, which has no grid dependency control). Such a launch may start while
+    the kernel before it in the stream finishes; the kernel waits for it (`await_inputs`) before it
+    reads anything a kernel wrote, so only the launch's latency and a kernel's start overlap the tail
+    of the one before: a decode step is ~750 kernels (the 31B) of a few microseconds each."""
+    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@triton.jit
+def await_inputs(PDL: tl.constexpr):
+    """With PDL: wait until the kernels before this one have finished and their writes are visible, then
+    let the next kernel launch. Every load of a kernel launched with PDL that reads what a kernel wrote
+    comes after this call (a kernel's weights may be read before it: nothing writes them)."""
+    if PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
 
 
 @functools.cache
@@ -317,10 +341,10 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
         num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
         BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
-        UPCAST=upcast, PREC=prec,
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        UPCAST=upcast, PREC=prec, PDL=pdl(q.device),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl(q.device),
     )
     if num_splits > 1:
-        _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D,
-                                   BLOCK_S=triton.next_power_of_2(num_splits), num_warps=4)
+        _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits),
+                                   PDL=pdl(q.device), num_warps=4, launch_pdl=pdl(q.device))
     return out

@@ -5,7 +5,9 @@ Why: at batch 1 the 31B's step is its matmuls (15.9 ms of 17.4), and cuBLAS read
 copy bandwidth (export/results, matmul roles: the packed gate/up at 92 %, o_proj at 85 %), the E2B's
 small ones far below it. A decode matmul is a stream over the weight: every program owns BLOCK_N output
 columns (weight rows), walks K in BLOCK_K steps with `num_stages` tiles in flight, and accumulates the
-padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program. No
+padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program. Its
+first weight tile is read before the program waits for the kernel before it (programmatic dependent
+launch, `await_inputs`): nothing writes weights, so that read overlaps the previous kernel's tail. No
 split over K, so each output is one program's sum and the result does not depend on the grid.
 
 `python -m g4rt.bench.engine --matmuls` times it per role against cuBLAS over `GEMV_CONFIGS`. On the
@@ -24,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .triton_attention import interpreting, sm_count
+from .triton_attention import await_inputs, interpreting, pdl, sm_count
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
@@ -35,27 +37,38 @@ GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 
 
 
 @triton.jit
+def _weight_tile(w_rows, k, K, n_ok, EVEN: tl.constexpr):
+    if EVEN:
+        return tl.load(w_rows + k[None, :])
+    return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
+
+
+@triton.jit
+def _gemv_tile(acc, w, x_rows, k, K, m_ok, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """acc plus the product of x's columns k with weight tile w."""
+    x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
+    if UPCAST:
+        w, x = w.to(tl.float32), x.to(tl.float32)
+    return tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+
+
+@triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
                  BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                 UPCAST: tl.constexpr, PREC: tl.constexpr):
+                 UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
     n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, 16)
     n_ok = n < N
     m_ok = m < M
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     x_rows = x_ptr + m[:, None] * stride_x
-    acc = tl.zeros([16, BLOCK_N], tl.float32)
-    for k0 in range(0, K, BLOCK_K):
+    k = tl.arange(0, BLOCK_K)
+    w = _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K)  # no kernel writes weights: read before the wait
+    await_inputs(PDL)
+    acc = _gemv_tile(tl.zeros([16, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
+    for k0 in range(BLOCK_K, K, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
-        k_ok = k < K
-        if EVEN_N and EVEN_K:
-            w = tl.load(w_rows + k[None, :])
-        else:
-            w = tl.load(w_rows + k[None, :], mask=n_ok[:, None] & k_ok[None, :], other=0.0)
-        x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
-        if UPCAST:
-            w, x = w.to(tl.float32), x.to(tl.float32)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=PREC)
+        acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
     tl.store(out_ptr + m[:, None] * stride_out + n[None, :], acc.to(out_ptr.dtype.element_ty),
              mask=m_ok[:, None] & n_ok[None, :])
 
@@ -81,7 +94,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         _gemv_kernel[(triton.cdiv(N, block_n),)](
             x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, UPCAST=interpreting(),
-            PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages)
+            PREC="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl(x.device), num_warps=num_warps,
+            num_stages=num_stages, launch_pdl=pdl(x.device))
     return out
 
 

@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_attention import await_inputs, pdl
+
 
 @triton.jit
 def _kv_write_kernel(arena_ptr, k_ptr, v_ptr, slots_ptr, k_offset, v_offset, stride_frame,
-                     PAGE: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr):
+                     PAGE: tl.constexpr, WIDTH: tl.constexpr, BLOCK: tl.constexpr, PDL: tl.constexpr = False):
+    await_inputs(PDL)
     t = tl.program_id(0)
     c = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     slot = tl.load(slots_ptr + t) + tl.zeros([BLOCK], tl.int32)  # broadcast: the interpreter rejects
@@ -40,4 +43,5 @@ def kv_write_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torc
     k, v = k.contiguous(), v.contiguous()
     grid = (T, triton.cdiv(width, block))
     _kv_write_kernel[grid](arena, k, v, slots, int(k_offset), int(v_offset), arena.stride(0),
-                           PAGE=int(page_size), WIDTH=width, BLOCK=block, num_warps=4)
+                           PAGE=int(page_size), WIDTH=width, BLOCK=block, PDL=pdl(arena.device), num_warps=4,
+                           launch_pdl=pdl(arena.device))

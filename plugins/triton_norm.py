@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .triton_attention import await_inputs, pdl
+
 
 @triton.jit
 def _rms(x, D: tl.constexpr, eps):
@@ -28,7 +30,9 @@ def _rms(x, D: tl.constexpr, eps):
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr):
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr,
+                     PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     c = tl.arange(0, BLOCK)
     ok = c < D
@@ -41,12 +45,14 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.cons
 
 def _per_row(kernel, like: torch.Tensor, *args, **meta) -> None:
     """Launch a row kernel: one program per row of `like` (rows of its last dim D), BLOCK = D rounded up
-    to a power of two, warps by BLOCK. Nothing runs for an empty tensor."""
+    to a power of two, warps by BLOCK, with PDL where the device has it (`pdl`). Nothing runs for an
+    empty tensor."""
     D = like.shape[-1]
     rows = like.numel() // D if D else 0
     if rows:
-        block = triton.next_power_of_2(D)
-        kernel[(rows,)](*args, D=D, BLOCK=block, num_warps=max(1, min(16, block // 512)), **meta)
+        block, on = triton.next_power_of_2(D), pdl(like.device)
+        kernel[(rows,)](*args, D=D, BLOCK=block, PDL=on, num_warps=max(1, min(16, block // 512)), launch_pdl=on,
+                        **meta)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -69,7 +75,8 @@ def gelu_tanh_rounded(g, u, out_ptr):
 
 
 @triton.jit
-def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, gate_row, up_row, BLOCK: tl.constexpr):
+def _gelu_tanh_mul_kernel(gate_ptr, up_ptr, out_ptr, n, gate_row, up_row, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     j = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     ok = j < n
@@ -94,8 +101,9 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.numel():
         g, u = _rows(gate), _rows(up)
         rows, n = g.shape
+        on = pdl(gate.device)
         _gelu_tanh_mul_kernel[(rows, triton.cdiv(n, 1024))](g, u, out, n, g.stride(0), u.stride(0), BLOCK=1024,
-                                                            num_warps=4)
+                                                            PDL=on, num_warps=4, launch_pdl=on)
     return out
 
 
@@ -128,7 +136,8 @@ def _norm_rope_rows(src, stride_src, w_ptr, cos_ptr, sin_ptr, dst, stride_dst, t
 @triton.jit
 def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, v_ptr, eps, stride_token, T,
                           HQ: tl.constexpr, HKV: tl.constexpr, K_EQ_V: tl.constexpr, D: tl.constexpr,
-                          BT: tl.constexpr):
+                          BT: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     t = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     ok = t < T
     j = tl.program_id(1)  # q heads, then k heads, then v heads
@@ -173,7 +182,8 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
         bt, warps = tile or norm_rope_tile(T, D)
         _qkv_norm_rope_kernel[(triton.cdiv(T, bt), num_q_heads + 2 * num_kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), T, HQ=num_q_heads,
-            HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, num_warps=warps)
+            HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, PDL=pdl(qkv.device), num_warps=warps,
+            launch_pdl=pdl(qkv.device))
     return q, k, v
 
 
@@ -186,7 +196,8 @@ def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Te
 
 @triton.jit
 def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_ptr, eps, D: tl.constexpr,
-                         BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr):
+                         BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64) * D
     c = tl.arange(0, BLOCK)
     ok = c < D
@@ -232,7 +243,9 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
 
 
 @triton.jit
-def _router_inputs_kernel(h_ptr, scale_ptr, ew_ptr, r_ptr, e_ptr, root, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+def _router_inputs_kernel(h_ptr, scale_ptr, ew_ptr, r_ptr, e_ptr, root, eps, D: tl.constexpr, BLOCK: tl.constexpr,
+                          PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64) * D
     c = tl.arange(0, BLOCK)
     ok = c < D
@@ -255,7 +268,9 @@ def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_wei
 
 
 @triton.jit
-def _normed_sum_kernel(a_ptr, aw_ptr, b_ptr, bw_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr):
+def _normed_sum_kernel(a_ptr, aw_ptr, b_ptr, bw_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr,
+                       PDL: tl.constexpr):
+    await_inputs(PDL)
     row = tl.program_id(0).to(tl.int64) * D
     c = tl.arange(0, BLOCK)
     ok = c < D

@@ -210,6 +210,13 @@ def test_ops_with_triton_kernels(monkeypatch):
     assert calls == [1]  # the reference did not call the kernel
 
 
+def test_no_dependent_launch_off_hopper():
+    """`pdl`: programmatic dependent launch only on a CUDA device of compute capability 9 or more, and
+    never under the interpreter (no grid dependency control there); the kernels then take the plain
+    launch, as every test here runs them."""
+    assert ta.interpreting() and not ta.pdl(torch.device("cpu"))
+
+
 @pytest.mark.parametrize("wl", [-1, 29])
 @pytest.mark.parametrize("dv_split", [1, 2, 4])
 def test_prefill_interior_tiles_and_column_split(wl, dv_split):

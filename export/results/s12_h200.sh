@@ -20,10 +20,15 @@
 #          prefill sweep first (bench.kernels --prefill-only --layers 31B-full); then the 31B's 8k time
 #          to first token (one 8,192 chunk, 3 rounds, its prefill's kernels by kind: --profile), arms
 #          alternated twice, a fresh process each; then the 31B's decode steps at batch 64 and 128.
+#   pdl    base (ab/base: ba9d27f) against new (this checkout: the step's Triton kernels launched with
+#          programmatic dependent launch, waiting for their inputs at their start; the skinny matmul
+#          reads its first weight tile before that wait): the E2B's staggered requests (new: tokens
+#          against eager, piecewise steps against the compiled module), then batch 1 (tokens against
+#          eager, tok/s, decode profile) of the 31B twice and of the E2B once per arm, arms alternated.
 #
-#     git archive --prefix=ab/base/g4rt/ b0ed87d | tar -x   # for ab and ab2; carry ab
+#     git archive --prefix=ab/base/g4rt/ b0ed87d | tar -x   # for ab and ab2 (ba9d27f for pdl); carry ab
 #     bash export/results/s12_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: sweep, ab or ab2}
+PART=${1:?PART: sweep, ab, ab2 or pdl}
 BUDGET=${2:-560}
 TAG=s12-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -66,6 +71,17 @@ case $PART in
     run_part steps_31b 130 python3 -m g4rt.bench.engine --config 31b --out "$OUT/d" --skip-hf --batches "" \
       --engines inductor --decode-steps 64,128 --reps 2
     cat "$OUT/d/export_bench.jsonl" > "$OUT/steps_31b_b64_b128.jsonl" 2>/dev/null; rm -rf "$OUT/d"
+    ;;
+  pdl)
+    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
+    small=(--skip-hf --batches 1 --new-tokens 32 --profile)
+    run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
+      --new-tokens 16 --staggered
+    cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"
+    for rep in 1 2; do
+      for a in base new; do arm $a $rep b1_31b 90 engine --config 31b "${small[@]}"; done
+    done
+    for a in base new; do arm $a 1 b1_e2b 60 engine --config e2b "${small[@]}"; done
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
