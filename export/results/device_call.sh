@@ -30,6 +30,9 @@ run_arm() {
   done
   rm -rf "$d"
 }
+# arm ARM REP NAME CAP BENCH ARGS...: run_arm with this checkout's package for ARM `new`, else ab/ARM's (a
+# `git archive --prefix=ab/ARM/g4rt/ REV` the call carries).
+arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
 # finish_call: the last lines of each part's log (less traces, records and warnings) into $OUT/parts.txt,
 # the logs removed (their records are in the jsonl files), and what is left under $OUT listed.
 finish_call() {

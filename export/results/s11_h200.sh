@@ -44,7 +44,6 @@ case $PART in
     cp "$OUT/w/export_bench.jsonl" "$OUT/where_31b.jsonl" 2>/dev/null; rm -rf "$OUT/w"
     ;;
   ab)
-    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     # the new q/k/v kernel on the GPU against the torch reference, both tiles, the 31B's head shapes. Its
     # error is relative to |reference| clamped at 1e-3, large where a RoPE output cancels to near 0 (the
     # call printed 0.7-3.9 for q and k); bench.kernels --norms (`tiles`) reports the absolute error instead.
@@ -70,7 +69,6 @@ for T, hq, hkv, D, kv in [(3, 32, 16, 256, False), (8195, 32, 16, 256, False), (
     for a in base new; do arm $a 1 e2b 80 engine --config e2b --skip-hf --batches 1 --new-tokens 32 --profile; done
     ;;
   ab2)
-    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     for rep in 1 2; do
       for a in base new; do
         arm $a $rep steps_ttft_31b 140 engine --config 31b --skip-hf --batches "" --engines inductor \

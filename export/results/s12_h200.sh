@@ -50,7 +50,6 @@ case $PART in
     rm -rf "$OUT/s" "$OUT/m31" "$OUT/me2" "$OUT/t"
     ;;
   ab)
-    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     for rep in 1 2; do
       for a in base new; do
         arm $a $rep steps_ttft_31b 140 engine --config 31b --skip-hf --batches "" --engines inductor \
@@ -59,7 +58,6 @@ case $PART in
     done
     ;;
   ab2)
-    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     run_part prefill_d512 90 python3 -m g4rt.bench.kernels --out "$OUT/p" --prefill-only --layers 31B-full
     cp "$OUT/p/results.json" "$OUT/prefill_d512.json" 2>/dev/null; rm -rf "$OUT/p"
     for rep in 1 2; do
@@ -73,7 +71,6 @@ case $PART in
     cat "$OUT/d/export_bench.jsonl" > "$OUT/steps_31b_b64_b128.jsonl" 2>/dev/null; rm -rf "$OUT/d"
     ;;
   pdl)
-    arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
     small=(--skip-hf --batches 1 --new-tokens 32 --profile)
     run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
       --new-tokens 16 --staggered
