@@ -25,10 +25,12 @@
 #          reads its first weight tile before that wait): the E2B's staggered requests (new: tokens
 #          against eager, piecewise steps against the compiled module), then batch 1 (tokens against
 #          eager, tok/s, decode profile) of the 31B twice and of the E2B once per arm, arms alternated.
+#   last   new only, one process: the 31B's decode steps at batch 1, 64, 128 and 256 with the dependent
+#          launches (one repetition each; what the device time left allowed).
 #
 #     git archive --prefix=ab/base/g4rt/ b0ed87d | tar -x   # for ab and ab2 (ba9d27f for pdl); carry ab
 #     bash export/results/s12_h200.sh PART [budget_s]   # default 560 s; results under $OUT
-PART=${1:?PART: sweep, ab, ab2 or pdl}
+PART=${1:?PART: sweep, ab, ab2, pdl or last}
 BUDGET=${2:-560}
 TAG=s12-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -79,6 +81,11 @@ case $PART in
       for a in base new; do arm $a $rep b1_31b 90 engine --config 31b "${small[@]}"; done
     done
     for a in base new; do arm $a 1 b1_e2b 60 engine --config e2b "${small[@]}"; done
+    ;;
+  last)
+    run_part steps_31b 170 python3 -m g4rt.bench.engine --config 31b --out "$OUT/d" --skip-hf --batches "" \
+      --engines inductor --decode-steps 1,64,128,256 --reps 1
+    cat "$OUT/d/export_bench.jsonl" > "$OUT/steps_31b.jsonl" 2>/dev/null; rm -rf "$OUT/d"
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
