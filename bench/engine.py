@@ -515,11 +515,14 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
         cfg = SchedulerConfig(max_num_batched_tokens=c, chunk=c, max_num_seqs=1)
         frames = promise_for(engine.geometry, prompt_len, 1, c).frames + 2
         llms[c] = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
+    def first_token(c: int):
+        return llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+
     times: dict[int, list[float]] = {c: [] for c in chunks}
     for rep in range(reps + 1):
         for c in chunks:
             sync()
-            o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+            o = first_token(c)
             if rep:  # round 0 compiles the shapes
                 times[c].append(o.ttft_s)
     out = [{"stage": "ttft", "prompt_len": prompt_len, "chunk": c, "reps": reps, "ttft_s_min": round(min(t), 4),
@@ -529,7 +532,7 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
     for c in chunks if profile else ():
         sync()
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+            o = first_token(c)
             sync()
         out.append({"stage": "ttft_profile", "prompt_len": prompt_len, "chunk": c,
                     "ttft_s_profiled": round(o.ttft_s, 4), **kernel_kinds(prof), **kernel_gaps(prof)})
@@ -537,7 +540,7 @@ def ttft(engine, model, prompt_len: int, chunks: list[int], reps: int, seed: int
         cuda_cpu = [torch.profiler.ProfilerActivity.CPU, torch.profiler.ProfilerActivity.CUDA]
         with torch.profiler.profile(activities=cuda_cpu) as prof:
             with torch.profiler.record_function("ttft.generate"):
-                o = llms[c].generate([prompt], SamplingParams(max_new_tokens=1, ignore_eos=True))[0]
+                o = first_token(c)
             sync()
         out.append({"stage": "ttft_host", "prompt_len": prompt_len, "chunk": c, "ttft_s_profiled": round(o.ttft_s, 4),
                     **host_edges(prof, "ttft.generate")})

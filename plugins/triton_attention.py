@@ -210,6 +210,13 @@ def pdl(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def pdl_launch(device: torch.device) -> dict:
+    """The launch keywords of a kernel that takes `PDL`: its constexpr and the launch's flag, always the
+    same value (a kernel launched with PDL that did not wait for its inputs would race the one before)."""
+    on = pdl(device)
+    return {"PDL": on, "launch_pdl": on}
+
+
 @triton.jit
 def await_inputs(PDL: tl.constexpr):
     """With PDL: wait until the kernels before this one have finished and their writes are visible, then
@@ -341,10 +348,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
         num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
         BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
-        UPCAST=upcast, PREC=prec, PDL=pdl(q.device),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], launch_pdl=pdl(q.device),
+        UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits),
-                                   PDL=pdl(q.device), num_warps=4, launch_pdl=pdl(q.device))
+                                   num_warps=4, **pdl_launch(q.device))
     return out

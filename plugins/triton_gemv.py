@@ -26,7 +26,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, interpreting, pdl, sm_count
+from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
@@ -94,8 +94,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         _gemv_kernel[(triton.cdiv(N, block_n),)](
             x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
             EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, UPCAST=interpreting(),
-            PREC="ieee" if x.dtype == torch.float32 else "tf32", PDL=pdl(x.device), num_warps=num_warps,
-            num_stages=num_stages, launch_pdl=pdl(x.device))
+            PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
+            **pdl_launch(x.device))
     return out
 
 

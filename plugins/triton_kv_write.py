@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, pdl
+from .triton_attention import await_inputs, pdl_launch
 
 
 @triton.jit
@@ -43,5 +43,4 @@ def kv_write_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torc
     k, v = k.contiguous(), v.contiguous()
     grid = (T, triton.cdiv(width, block))
     _kv_write_kernel[grid](arena, k, v, slots, int(k_offset), int(v_offset), arena.stride(0),
-                           PAGE=int(page_size), WIDTH=width, BLOCK=block, PDL=pdl(arena.device), num_warps=4,
-                           launch_pdl=pdl(arena.device))
+                           PAGE=int(page_size), WIDTH=width, BLOCK=block, num_warps=4, **pdl_launch(arena.device))

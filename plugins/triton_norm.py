@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, pdl
+from .triton_attention import await_inputs, pdl_launch
 
 
 @triton.jit
@@ -50,8 +50,8 @@ def _per_row(kernel, like: torch.Tensor, *args, **meta) -> None:
     D = like.shape[-1]
     rows = like.numel() // D if D else 0
     if rows:
-        block, on = triton.next_power_of_2(D), pdl(like.device)
-        kernel[(rows,)](*args, D=D, BLOCK=block, PDL=on, num_warps=max(1, min(16, block // 512)), launch_pdl=on,
+        block = triton.next_power_of_2(D)
+        kernel[(rows,)](*args, D=D, BLOCK=block, num_warps=max(1, min(16, block // 512)), **pdl_launch(like.device),
                         **meta)
 
 
@@ -101,9 +101,8 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     if gate.numel():
         g, u = _rows(gate), _rows(up)
         rows, n = g.shape
-        on = pdl(gate.device)
         _gelu_tanh_mul_kernel[(rows, triton.cdiv(n, 1024))](g, u, out, n, g.stride(0), u.stride(0), BLOCK=1024,
-                                                            PDL=on, num_warps=4, launch_pdl=on)
+                                                            num_warps=4, **pdl_launch(gate.device))
     return out
 
 
@@ -182,8 +181,7 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
         bt, warps = tile or norm_rope_tile(T, D)
         _qkv_norm_rope_kernel[(triton.cdiv(T, bt), num_q_heads + 2 * num_kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), T, HQ=num_q_heads,
-            HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, PDL=pdl(qkv.device), num_warps=warps,
-            launch_pdl=pdl(qkv.device))
+            HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, num_warps=warps, **pdl_launch(qkv.device))
     return q, k, v
 
 

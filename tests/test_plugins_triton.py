@@ -214,7 +214,8 @@ def test_no_dependent_launch_off_hopper():
     """`pdl`: programmatic dependent launch only on a CUDA device of compute capability 9 or more, and
     never under the interpreter (no grid dependency control there); the kernels then take the plain
     launch, as every test here runs them."""
-    assert ta.interpreting() and not ta.pdl(torch.device("cpu"))
+    cpu = torch.device("cpu")
+    assert ta.interpreting() and not ta.pdl(cpu) and ta.pdl_launch(cpu) == {"PDL": False, "launch_pdl": False}
 
 
 @pytest.mark.parametrize("wl", [-1, 29])

@@ -29,12 +29,6 @@ BUDGET=${2:-560}
 TAG=s10-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
-# arm ARM REP NAME CAP BENCH ARGS...: run_arm with the package of ARM (ab/ARM, or this checkout for "new").
-arm() {
-  local pkg=/tmp/pkg
-  [ "$1" != new ] && pkg=$PWD/ab/$1
-  run_arm "$pkg" "$@"
-}
 small=(--skip-hf --batches 1 --new-tokens 32 --profile)
 case $PART in
   ab)
