@@ -268,7 +268,8 @@ def _graph_ms(fn, reps: int) -> float:
 def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
     """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of
     GEMV_CONFIGS: its values against cuBLAS's on the first weight (before any timing), then the median
-    graph replay; the fastest config's time as `ms` (None if none ran), every config's beside it."""
+    graph replay; the fastest config's time as `ms` (None if none ran), every config's beside it, and the
+    config `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`)."""
     from g4rt.plugins import triton_gemv
     want = torch.nn.functional.linear(x, mats[0]).float()
     tried, best = [], None
@@ -283,9 +284,11 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
                 best = (cfg, ms)
         except Exception as e:  # noqa: BLE001  (a config out of registers or shared memory)
             tried.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
+    op = triton_gemv.gemv_config(mats[0].shape[0], x.device)
     return {"stage": "matmul_roles", "layers": len(mats), "shape": list(mats[0].shape),
             "ms": None if best is None else round(best[1], 4), "best_config": None if best is None else list(best[0]),
-            "configs": tried}
+            "op_config": list(op), "op_ms": next((c.get("ms") for c in tried if c["config"] == list(op)), None),
+            "op_takes_kernel": triton_gemv.takes_gemv(x.shape[0], mats[0]), "configs": tried}
 
 
 @torch.inference_mode()

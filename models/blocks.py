@@ -2,8 +2,8 @@
 
 `rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
 `q_norm_rope`, `add_normed`, `add_rms_norm`, and for the MoE block `router_inputs` and `normed_sum`) and
-the MoE router's `route` are written as Hugging Face writes them; `skinny_linear` is F.linear for the
-decode matmuls a Triton kernel reads faster than cuBLAS (plugins/triton_gemv.py).
+the MoE router's `route` are written as Hugging Face writes them; `skinny_linear` is F.linear, every
+projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py).
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..plugins.ops import check_kernels, default_kernels
@@ -57,8 +56,18 @@ class RMSNorm(nn.Module):
         return block("rms_norm", self.kernels, x, self.weight, self.eps)
 
 
-def _linear(n_in: int, n_out: int, dtype, device) -> nn.Linear:
-    return nn.Linear(n_in, n_out, bias=False, dtype=dtype, device=device)
+class Linear(nn.Linear):
+    """A bias-free projection whose matmul is the op `skinny_linear`: with the Triton kernels the skinny
+    matmul for a decode's few rows (plugins/triton_gemv.py), cuBLAS otherwise; F.linear with the reference."""
+
+    kernels = "reference"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return block("skinny_linear", self.kernels, x, self.weight)
+
+
+def _linear(n_in: int, n_out: int, dtype, device) -> Linear:
+    return Linear(n_in, n_out, bias=False, dtype=dtype, device=device)
 
 
 def _pack(parts: list[nn.Linear]) -> torch.Tensor:
@@ -163,7 +172,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            gate_up = F.linear(x, self.gate_up_weight)
+            gate_up = block("skinny_linear", self.kernels, x, self.gate_up_weight)
             gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)

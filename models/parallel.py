@@ -42,7 +42,7 @@ from torch import nn
 from .checkpoint import load_into, model_shapes, random_into, to_dtype
 from .config import Gemma4Config, load_config
 from .layout import KVLayout
-from .model import Experts, Gemma4Model
+from .model import Experts, Gemma4Model, Linear
 
 TP_SIZES = (1, 2, 4, 8)
 
@@ -153,7 +153,7 @@ def all_gather_last(x: torch.Tensor, tp: int) -> torch.Tensor:
     return g.view(tp, *x.shape).transpose(0, 1).reshape(x.shape[0], tp * x.shape[1])
 
 
-class RowParallelLinear(nn.Linear):
+class RowParallelLinear(Linear):
     """A Linear holding this rank's input columns; the partial products are summed over ranks."""
 
     def __init__(self, n_in: int, n_out: int, tp: int, dtype, device):

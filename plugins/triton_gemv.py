@@ -12,11 +12,15 @@ split over K, so each output is one program's sum and the result does not depend
 
 `python -m g4rt.bench.engine --matmuls` times it per role against cuBLAS over `GEMV_CONFIGS`. On the
 H200 it reads the 31B's packed q/k/v at batch 1 at 98 % of the copy bandwidth where cuBLAS reads 85 %
-(50 sliding layers: 2.10 against 2.41 ms), and the lm_head at 105 % against 100 %; it loses
-to cuBLAS on o_proj and down_proj (N 5,376, long K: too few programs) and ties on gate/up
-(export/results, session 10). So the model calls it, through the op `g4rt::skinny_linear`, for those two roles
-only, and the op takes it only for a few rows and a weight wide enough to give every SM a program;
-everything else is F.linear.
+(50 sliding layers: 2.10 against 2.41 ms), and the lm_head at 105 % against 100 %; alone it loses to
+cuBLAS on o_proj and down_proj (N 5,376, long K: too few programs) and ties on gate/up (export/results,
+session 10). In the step it gains more than alone: launched with PDL, it starts while the norm or
+attention before it finishes, where cuBLAS's kernels wait for them. So every projection of the model
+goes through the op `g4rt::skinny_linear`, which takes the kernel for a few rows and a weight that
+gives every SM a program of MODEL_CONFIG, or is at most NARROW_BYTES (then a narrow tile gives it the
+programs); measured on the H200 at batch 1 against the step that took it for q/k/v and the lm_head
+only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (export/results, session
+13). Everything else is F.linear.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -31,6 +35,13 @@ from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
 MODEL_CONFIG = (64, 128, 4, 4)  # within 1.5 % of the fastest tile on every role the op serves (31B, batch 1 and 8)
+# The op's tiles for weights too narrow to give every SM a MODEL_CONFIG column block, widest first.
+NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
+# A weight too narrow for MODEL_CONFIG to give every SM a column block takes the kernel up to this size:
+# all the E2B's and E4B's projections but their larger down_proj (36-50 MiB), the 26B-A4B's but its full
+# layers' o_proj (44 MiB); the 31B's o_proj and down_proj (84-220 MiB) stay on cuBLAS. 32 MiB measured
+# faster than 64 on the E2B and E4B in the step on the H200 (export/results, session 13).
+NARROW_BYTES = 32 << 20
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
@@ -89,6 +100,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("gemv needs x and w contiguous along K")
     block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
+    block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     if M and N:
         _gemv_kernel[(triton.cdiv(N, block_n),)](
@@ -99,18 +111,29 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     return out
 
 
-def takes_gemv(rows: int, n: int, device: torch.device) -> bool:
-    """Whether `g4rt::skinny_linear` runs the kernel: at most SKINNY_ROWS rows, and N wide enough that
-    MODEL_CONFIG's column blocks give every SM a program (below that cuBLAS's split-K wins)."""
-    return rows <= SKINNY_ROWS and triton.cdiv(n, MODEL_CONFIG[0]) >= sm_count(device)
+def gemv_config(n: int, device: torch.device) -> tuple[int, int, int, int]:
+    """The op's tile for a weight of `n` rows: MODEL_CONFIG where its column blocks give every SM a program,
+    else the widest of NARROW_CONFIGS that does, else the narrowest (the most programs)."""
+    for config in (MODEL_CONFIG, *NARROW_CONFIGS):
+        if triton.cdiv(n, config[0]) >= sm_count(device):
+            return config
+    return NARROW_CONFIGS[-1]
+
+
+def takes_gemv(rows: int, w: torch.Tensor) -> bool:
+    """Whether `g4rt::skinny_linear` runs the kernel for `rows` rows of x against weight `w`: at most
+    SKINNY_ROWS rows (cuBLAS beyond), and a weight wide enough that MODEL_CONFIG's column blocks give every
+    SM a program, or at most NARROW_BYTES (the narrow configs' column blocks then give it the programs)."""
+    wide = triton.cdiv(w.shape[0], MODEL_CONFIG[0]) >= sm_count(w.device)
+    return rows <= SKINNY_ROWS and (wide or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
 @torch.library.custom_op("g4rt::skinny_linear", mutates_args=())
 def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else cuBLAS. One opaque
     op, so the eager and the compiled engine make the same choice and compute the same bits."""
-    if takes_gemv(x.shape[0], w.shape[0], x.device):
-        return gemv(x.contiguous(), w, MODEL_CONFIG)
+    if takes_gemv(x.shape[0], w):
+        return gemv(x.contiguous(), w, gemv_config(w.shape[0], x.device))
     return F.linear(x, w)
 
 

@@ -87,18 +87,30 @@ def test_the_bench_times_each_role_over_weights_of_one_shape(monkeypatch):
     assert {r["form"] for r in lm} == {"out_in", "in_out"} and lm[0]["shape"] == [cfg.vocab_size, cfg.hidden_size]
 
 
-def test_skinny_linear_takes_the_kernel_only_for_few_rows_and_a_wide_weight():
-    """`g4rt::skinny_linear` (what the model calls for q/k/v and the lm_head): the Triton kernel for up to
-    SKINNY_ROWS rows of a weight with at least one MODEL_CONFIG column block per SM (132 off CUDA), within
-    fp32 rounding of the fp64 product; F.linear, to the bit, for more rows or a narrower weight."""
-    cpu = torch.device("cpu")
+def test_skinny_linear_takes_the_kernel_for_few_rows_of_a_wide_or_small_weight():
+    """`g4rt::skinny_linear` (every projection of the model): the Triton kernel for up to SKINNY_ROWS rows of
+    a weight with at least one MODEL_CONFIG column block per SM (132 off CUDA) or of at most NARROW_BYTES
+    (the E2B's and E4B's narrow weights), within fp32 rounding of the fp64 product; F.linear, to the bit,
+    for more rows or a weight both narrow and large (the 31B's o_proj and down_proj)."""
+    def weight(n, k):
+        return torch.empty(n, k, dtype=torch.bfloat16, device="meta")
     wide = tg.MODEL_CONFIG[0] * 132
-    assert tg.takes_gemv(tg.SKINNY_ROWS, wide, cpu) and not tg.takes_gemv(tg.SKINNY_ROWS + 1, wide, cpu)
-    assert not tg.takes_gemv(1, wide - tg.MODEL_CONFIG[0], cpu)
+    assert tg.takes_gemv(tg.SKINNY_ROWS, weight(wide, 5376)) and not tg.takes_gemv(tg.SKINNY_ROWS + 1, weight(wide, 8))
+    assert tg.takes_gemv(1, weight(1536, 12288 // 2)) and tg.takes_gemv(1, weight(2560, 2048))
+    assert not tg.takes_gemv(1, weight(5376, 8192)) and not tg.takes_gemv(1, weight(2560, 10240))
     g = torch.Generator().manual_seed(3)
     w = torch.randn(wide, 96, generator=g) / 96 ** 0.5
     x = torch.randn(tg.SKINNY_ROWS + 1, 96, generator=g)
-    got = torch.ops.g4rt.skinny_linear(x[:3], w)
-    torch.testing.assert_close(got, (x[:3].double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
+    for rows in (w, w[:100]):  # a MODEL_CONFIG launch and a narrow one
+        got = torch.ops.g4rt.skinny_linear(x[:3], rows)
+        torch.testing.assert_close(got, (x[:3].double() @ rows.double().T).float(), rtol=1e-5, atol=1e-5)
     assert torch.equal(torch.ops.g4rt.skinny_linear(x, w), torch.nn.functional.linear(x, w))
-    assert torch.equal(torch.ops.g4rt.skinny_linear(x[:3], w[:100]), torch.nn.functional.linear(x[:3], w[:100]))
+
+
+def test_a_narrow_weight_gets_column_blocks_enough_for_every_sm():
+    """gemv_config: MODEL_CONFIG's 64 columns where they give 132 programs, else 32, else 16 (the E2B's
+    hidden 1,536: 96 programs, the most a block of 16 gives)."""
+    cpu = torch.device("cpu")
+    assert tg.gemv_config(64 * 132, cpu) == tg.MODEL_CONFIG
+    assert tg.gemv_config(5376, cpu)[0] == 32 and tg.gemv_config(2560, cpu)[0] == 16
+    assert tg.gemv_config(1536, cpu) == tg.NARROW_CONFIGS[-1]
