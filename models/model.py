@@ -58,7 +58,8 @@ class RMSNorm(nn.Module):
 
 class Linear(nn.Linear):
     """A bias-free projection whose matmul is the op `skinny_linear`: with the Triton kernels the skinny
-    matmul for a decode's few rows (plugins/triton_gemv.py), cuBLAS otherwise; F.linear with the reference."""
+    matmul for a decode's few rows (plugins/triton_gemv.py), cuBLAS otherwise; F.linear with the reference.
+    Its input is [T, in_features], the model's flat token axis (the op's shapes are 2-D)."""
 
     kernels = "reference"
 
