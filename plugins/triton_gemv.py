@@ -124,7 +124,7 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     """Whether `g4rt::skinny_linear` runs the kernel for `rows` rows of x against weight `w`: at most
     SKINNY_ROWS rows (cuBLAS beyond), and a weight wide enough that MODEL_CONFIG's column blocks give every
     SM a program, or at most NARROW_BYTES (the narrow configs' column blocks then give it the programs)."""
-    wide = triton.cdiv(w.shape[0], MODEL_CONFIG[0]) >= sm_count(w.device)
+    wide = gemv_config(w.shape[0], w.device) == MODEL_CONFIG
     return rows <= SKINNY_ROWS and (wide or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
