@@ -267,28 +267,34 @@ def _graph_ms(fn, reps: int) -> float:
 
 def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
     """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of
-    GEMV_CONFIGS: its values against cuBLAS's on the first weight (before any timing), then the median
-    graph replay; the fastest config's time as `ms` (None if none ran), every config's beside it, and the
-    config `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`)."""
-    from g4rt.plugins import triton_gemv
+    GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest narrow tile at GEMV_SPLITS runs over K: its values
+    against cuBLAS's on the first weight (before any timing), then the median graph replay; the fastest
+    (tile + [splits]) and its time as `best_config` and `ms` (None if none ran), every one's beside it, and
+    the plan `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`)."""
+    from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
+    op = tg.gemv_plan(*mats[0].shape, x.device)
+    plans = [(c, 1) for c in tg.GEMV_CONFIGS]
+    plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in tg.GEMV_SPLITS]
+    plans += [op] if op not in plans else []
     tried, best = [], None
-    for cfg in triton_gemv.GEMV_CONFIGS:
+    for cfg, splits in plans:
+        name = [*cfg, splits]
         try:
             out = torch.full_like(want, float("nan"), dtype=x.dtype)
-            triton_gemv.gemv(x, mats[0], cfg, out=out)
+            tg.gemv(x, mats[0], cfg, out=out, splits=splits)
             err = ((out.float() - want).abs().max() / want.abs().max()).item()
-            ms = _graph_ms(lambda: [triton_gemv.gemv(x, w, cfg) for w in mats], reps) if err < 2e-2 else None
-            tried.append({"config": list(cfg), "rel_err": round(err, 5), "ms": None if ms is None else round(ms, 4)})
+            ms = _graph_ms(lambda: [tg.gemv(x, w, cfg, splits=splits) for w in mats], reps) if err < 2e-2 else None
+            tried.append({"config": name, "rel_err": round(err, 5), "ms": None if ms is None else round(ms, 4)})
             if ms is not None and (best is None or ms < best[1]):
-                best = (cfg, ms)
+                best = (name, ms)
         except Exception as e:  # noqa: BLE001  (a config out of registers or shared memory)
-            tried.append({"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:120]}"})
-    op = triton_gemv.gemv_config(mats[0].shape[0], x.device)
+            tried.append({"config": name, "error": f"{type(e).__name__}: {str(e)[:120]}"})
+    op_name = [*op[0], op[1]]
     return {"stage": "matmul_roles", "layers": len(mats), "shape": list(mats[0].shape),
-            "ms": None if best is None else round(best[1], 4), "best_config": None if best is None else list(best[0]),
-            "op_config": list(op), "op_ms": next((c.get("ms") for c in tried if c["config"] == list(op)), None),
-            "op_takes_kernel": triton_gemv.takes_gemv(x.shape[0], mats[0]), "configs": tried}
+            "ms": None if best is None else round(best[1], 4), "best_config": None if best is None else best[0],
+            "op_config": op_name, "op_ms": next((c.get("ms") for c in tried if c["config"] == op_name), None),
+            "op_takes_kernel": tg.takes_gemv(x.shape[0], mats[0]), "configs": tried}
 
 
 @torch.inference_mode()

@@ -3,6 +3,7 @@
     python -m g4rt.bench.kernels --out DIR [--quick]
     python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
     python -m g4rt.bench.kernels --out DIR --decode-short      # batch-1 decode at short context, split counts
+    python -m g4rt.bench.kernels --out DIR --decode-batch      # the 31B's decode at batch 64-256, tiles forced
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
     python -m g4rt.bench.kernels --out DIR --norms             # the q/k/v norm kernel's tiles (NORM_TILES)
 
@@ -63,6 +64,14 @@ DECODE_LAYERS = ("31B-sliding", "26B-sliding", "31B-full")  # the full decode gr
 SHORT_LAYERS = ("E2B-sliding", "E2B-full", "E4B-sliding", "E4B-full", "31B-sliding", "31B-full")
 SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
+# --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
+# run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced
+# (block_n, num_warps, num_stages), the defaults first.
+BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
+                "31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), (16, 4, 3), (64, 8, 2), (128, 4, 1),
+                                (32, 2, 2), (64, 2, 2)),
+                "31B-full": ((32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 4, 1), (64, 4, 1), (32, 8, 2), (16, 2, 3),
+                             (32, 2, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
 MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
@@ -466,6 +475,9 @@ def main(argv=None):
     ap.add_argument("--decode-short", action="store_true",
                     help=f"only batch-1 decode of {', '.join(SHORT_LAYERS)} at short context, split counts "
                          f"forced to {SHORT_SPLITS} (what decode_splits' shortest run should be)")
+    ap.add_argument("--decode-batch", action="store_true",
+                    help="only decode of the 31B's layers at batch 64/128/256 and context 200, decode tiles forced "
+                         "(BATCH_DECODE)")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
@@ -504,6 +516,13 @@ def main(argv=None):
                 for s in SHORT_SPLITS:
                     guarded(res, "decode_sweep", decode_case, layer, 1, ctx, peak, try_flex=False, flex_fn=None,
                             splits=s, sdpa=s == 1)
+        return _write(res, args.out, t_start)
+    if args.decode_batch:
+        for layer in ("31B-sliding", "31B-full"):
+            for b in BATCH_DECODE["batches"]:
+                for n, w, st in BATCH_DECODE[layer]:
+                    guarded(res, "decode_sweep", decode_case, layer, b, BATCH_DECODE["ctx"], peak, try_flex=False,
+                            flex_fn=None, config=dict(rows=16, block_n=n, num_warps=w, num_stages=st), sdpa=False)
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

@@ -7,8 +7,10 @@ small ones far below it. A decode matmul is a stream over the weight: every prog
 columns (weight rows), walks K in BLOCK_K steps with `num_stages` tiles in flight, and accumulates the
 padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program. Its
 first weight tile is read before the program waits for the kernel before it (programmatic dependent
-launch, `await_inputs`): nothing writes weights, so that read overlaps the previous kernel's tail. No
-split over K, so each output is one program's sum and the result does not depend on the grid.
+launch, `await_inputs`): nothing writes weights, so that read overlaps the previous kernel's tail. A
+weight too narrow for one column block per SM can be cut over K as well (`splits`): each run's program
+writes an fp32 partial and the block's last program adds them in run order, so the bits depend on the
+plan (shape-only, `gemv_plan`), never on timing.
 
 `python -m g4rt.bench.engine --matmuls` times it per role against cuBLAS over `GEMV_CONFIGS`. On the
 H200 it reads the 31B's packed q/k/v at batch 1 at 98 % of the copy bandwidth where cuBLAS reads 85 %
@@ -17,8 +19,8 @@ cuBLAS on o_proj and down_proj (N 5,376, long K: too few programs) and ties on g
 session 10). In the step it gains more than alone: launched with PDL, it starts while the norm or
 attention before it finishes, where cuBLAS's kernels wait for them. So every projection of the model
 goes through the op `g4rt::skinny_linear`, which takes the kernel for a few rows and a weight that
-gives every SM a program of MODEL_CONFIG, or is at most NARROW_BYTES (then a narrow tile gives it the
-programs); measured on the H200 at batch 1 against the step that took it for q/k/v and the lm_head
+gives every SM a program of MODEL_CONFIG (wide, or cut over K), or is at most NARROW_BYTES (then a narrow
+tile gives it the programs); measured on the H200 at batch 1 against the step that took it for q/k/v and the lm_head
 only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (export/results, session
 13). Everything else is F.linear.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
@@ -37,6 +39,12 @@ SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (meas
 MODEL_CONFIG = (64, 128, 4, 4)  # within 1.5 % of the fastest tile on every role the op serves (31B, batch 1 and 8)
 # The op's tiles for weights too narrow to give every SM a MODEL_CONFIG column block, widest first.
 NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
+# A weight that narrow with K at least this long is cut over K instead (gemv_plan): its MODEL_CONFIG column
+# blocks, each K run of at most MAX_SPLITS a program. On the H200 at batch 1 the E2B's down_proj [1,536 x
+# 6,144] took 0.115 ms over 12 layers cut in 4 against 0.160 for the fastest unsplit tile; K of 1,536-2,048
+# gained nothing (export/results, session 12).
+SPLIT_MIN_K = 4096
+MAX_SPLITS = 8
 # A weight too narrow for MODEL_CONFIG to give every SM a column block takes the kernel up to this size:
 # all the E2B's and E4B's projections but their larger down_proj (36-50 MiB), the 26B-A4B's but its full
 # layers' o_proj (44 MiB); the 31B's o_proj and down_proj (84-220 MiB) stay on cuBLAS. 32 MiB measured
@@ -45,6 +53,7 @@ NARROW_BYTES = 32 << 20
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
+GEMV_SPLITS = (2, 4, 8)  # runs over K the bench also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
 
 
 @triton.jit
@@ -64,31 +73,63 @@ def _gemv_tile(acc, w, x_rows, k, K, m_ok, UPCAST: tl.constexpr, PREC: tl.conste
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, M, N, K, stride_x, stride_w, stride_out,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                 UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
-    n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, split_k, stride_x, stride_w, stride_out,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr,
+                 EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+    """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for output column block i. With SPLITS
+    > 1 each writes its fp32 partial, and the block's last program to finish (a counter per block, which
+    that program resets) adds the partials in split order, so the bits do not depend on which finished last."""
+    pid = tl.program_id(0)
+    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     m = tl.arange(0, 16)
     n_ok = n < N
     m_ok = m < M
     w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
     x_rows = x_ptr + m[:, None] * stride_x
-    k = tl.arange(0, BLOCK_K)
+    k_lo = tl.program_id(1) * split_k
+    k_hi = tl.minimum(k_lo + split_k, K)
+    k = k_lo + tl.arange(0, BLOCK_K)
     w = _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K)  # no kernel writes weights: read before the wait
     await_inputs(PDL)
     acc = _gemv_tile(tl.zeros([16, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
-    for k0 in range(BLOCK_K, K, BLOCK_K):
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
-    tl.store(out_ptr + m[:, None] * stride_out + n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=m_ok[:, None] & n_ok[None, :])
+    out_ok = m_ok[:, None] & n_ok[None, :]
+    out = out_ptr + m[:, None] * stride_out + n[None, :]
+    if SPLITS == 1:
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
+    else:
+        part = part_ptr + m[:, None] * N + n[None, :]  # partials [SPLITS, M, N], fp32
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=out_ok)
+        tl.debug_barrier()  # every thread's partial stored before the counter's release
+        if tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel") == SPLITS - 1:
+            total = tl.zeros([16, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLITS):
+                total += tl.load(part + s * M * N, mask=out_ok, other=0.0, cache_modifier=".cg")
+            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=out_ok)
+            tl.atomic_xchg(lock_ptr + pid, 0)
+
+
+_LOCKS: dict[torch.device, torch.Tensor] = {}
+LOCKS = 4096  # column blocks a split launch may have (a split weight has fewer than the SMs' count)
+
+
+def _locks(device: torch.device) -> torch.Tensor:
+    """The split launches' counters, one per column block, zero between launches (each block's last program
+    resets its own). One fixed buffer per device, never replaced, so every CUDA graph keeps the counters it
+    was captured with; launches on a device run in one stream order, as every engine's do."""
+    if device not in _LOCKS:
+        _LOCKS[device] = torch.zeros(LOCKS, dtype=torch.int32, device=device)
+    return _LOCKS[device]
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
-         out: torch.Tensor | None = None) -> torch.Tensor:
+         out: torch.Tensor | None = None, splits: int = 1) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride) times w [N, K] (unit column stride) transposed ->
     [M, N] in x's dtype, as F.linear(x, w) computes it up to the order of the fp32 sums. `config`:
-    (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it."""
+    (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it;
+    `splits`: runs of whole BLOCK_K tiles K is cut into (fewer where K has fewer tiles)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got x {tuple(x.shape)} and w {tuple(w.shape)}")
     M, K = x.shape
@@ -101,31 +142,46 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         raise ValueError("gemv needs x and w contiguous along K")
     block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
+    blocks = triton.cdiv(N, block_n)
+    split_k = triton.cdiv(triton.cdiv(K, block_k), max(1, splits)) * block_k
+    splits = triton.cdiv(K, split_k) if K else 1
+    if splits > 1 and blocks > LOCKS:
+        raise ValueError(f"a split launch takes at most {LOCKS} column blocks, got {blocks}: split a narrower weight")
     out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
     if M and N:
-        _gemv_kernel[(triton.cdiv(N, block_n),)](
-            x, w, out, M, N, K, x.stride(0), w.stride(0), out.stride(0), BLOCK_N=block_n, BLOCK_K=block_k,
-            EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, UPCAST=interpreting(),
-            PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
-            **pdl_launch(x.device))
+        part = torch.empty((splits, M, N) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
+        locks = _locks(x.device) if splits > 1 else part
+        _gemv_kernel[(blocks, splits)](
+            x, w, out, part, locks, M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0), BLOCK_N=block_n,
+            BLOCK_K=block_k, SPLITS=splits, EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0,
+            UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
+            num_stages=num_stages, **pdl_launch(x.device))
     return out
 
 
-def gemv_config(n: int, device: torch.device) -> tuple[int, int, int, int]:
-    """The op's tile for a weight of `n` rows: MODEL_CONFIG where its column blocks give every SM a program,
-    else the widest of NARROW_CONFIGS that does, else the narrowest (the most programs)."""
+def gemv_plan(n: int, k: int, device: torch.device) -> tuple[tuple[int, int, int, int], int]:
+    """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
+    a program; for a narrower weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut into enough
+    runs (at most MAX_SPLITS) for every SM to get a program; else the widest tile of NARROW_CONFIGS whose
+    column blocks give 3/5 of the SMs a program, else the narrowest (the most programs)."""
+    sms = sm_count(device)
+    blocks = triton.cdiv(n, MODEL_CONFIG[0])
+    if blocks >= sms:
+        return MODEL_CONFIG, 1
+    if k >= SPLIT_MIN_K:
+        return MODEL_CONFIG, min(MAX_SPLITS, triton.cdiv(sms, blocks))
     for config in (MODEL_CONFIG, *NARROW_CONFIGS):
-        if triton.cdiv(n, config[0]) >= sm_count(device):
-            return config
-    return NARROW_CONFIGS[-1]
+        if 5 * triton.cdiv(n, config[0]) >= 3 * sms:
+            return config, 1
+    return NARROW_CONFIGS[-1], 1
 
 
 def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     """Whether `g4rt::skinny_linear` runs the kernel for `rows` rows of x against weight `w`: at most
-    SKINNY_ROWS rows (cuBLAS beyond), and a weight wide enough that MODEL_CONFIG's column blocks give every
-    SM a program, or at most NARROW_BYTES (the narrow configs' column blocks then give it the programs)."""
-    wide = gemv_config(w.shape[0], w.device) == MODEL_CONFIG
-    return rows <= SKINNY_ROWS and (wide or w.numel() * w.element_size() <= NARROW_BYTES)
+    SKINNY_ROWS rows (cuBLAS beyond), and a weight that gemv_plan gives every SM a program of MODEL_CONFIG
+    (wide, or split over K), or one of at most NARROW_BYTES (a narrow tile then gives it the programs)."""
+    every_sm = gemv_plan(*w.shape, w.device)[1] > 1 or triton.cdiv(w.shape[0], MODEL_CONFIG[0]) >= sm_count(w.device)
+    return rows <= SKINNY_ROWS and (every_sm or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
 @torch.library.custom_op("g4rt::skinny_linear", mutates_args=())
@@ -133,7 +189,8 @@ def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else cuBLAS. One opaque
     op, so the eager and the compiled engine make the same choice and compute the same bits."""
     if takes_gemv(x.shape[0], w):
-        return gemv(x.contiguous(), w, gemv_config(w.shape[0], x.device))
+        config, splits = gemv_plan(*w.shape, x.device)
+        return gemv(x.contiguous(), w, config, splits=splits)
     return F.linear(x, w)
 
 

@@ -31,8 +31,8 @@ def test_gemv_matches_a_float64_matmul(m, n, k, dtype):
 
 @pytest.mark.parametrize("config", tg.GEMV_CONFIGS[:3])
 def test_every_bench_config_computes_the_same_values(config):
-    """No split over K: the tile shape changes the order of the fp32 sums only, never which outputs a
-    program writes."""
+    """Unsplit: the tile shape changes the order of the fp32 sums only, never which outputs a program
+    writes."""
     g = torch.Generator().manual_seed(1)
     x, w = torch.randn(2, 1024, generator=g), torch.randn(96, 1024, generator=g)
     torch.testing.assert_close(tg.gemv(x, w, config=config), x @ w.T, rtol=1e-5, atol=1e-4)
@@ -56,12 +56,14 @@ def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
     from g4rt.bench import engine
     configs = tg.GEMV_CONFIGS[:3] + [(16, 100, 4, 2)]  # block_k 100 is no power of two: Triton refuses it
     monkeypatch.setattr(tg, "GEMV_CONFIGS", configs)
+    monkeypatch.setattr(tg, "GEMV_SPLITS", ())  # the op's plan for this weight is configs[0], unsplit
     clock = iter([3.0, 2.0, 1.0])
     monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), next(clock))[1])
     g = torch.Generator().manual_seed(2)
     mats = [torch.randn(32, 256, generator=g).to(torch.bfloat16) for _ in range(2)]
     rec = engine.gemv_record(torch.randn(1, 256, generator=g).to(torch.bfloat16), mats, reps=3)
-    assert rec["ms"] == 1.0 and rec["best_config"] == list(configs[2]) and rec["layers"] == 2
+    assert rec["ms"] == 1.0 and rec["best_config"] == [*configs[2], 1] and rec["layers"] == 2
+    assert rec["op_config"] == [*configs[0], 1] and rec["op_ms"] == 3.0
     assert [c["ms"] for c in rec["configs"][:3]] == [3.0, 2.0, 1.0] and all(c["rel_err"] < 2e-2 for c in rec["configs"][:3])
     assert "error" in rec["configs"][3]
 
@@ -87,17 +89,18 @@ def test_the_bench_times_each_role_over_weights_of_one_shape(monkeypatch):
     assert {r["form"] for r in lm} == {"out_in", "in_out"} and lm[0]["shape"] == [cfg.vocab_size, cfg.hidden_size]
 
 
-def test_skinny_linear_takes_the_kernel_for_few_rows_of_a_wide_or_small_weight():
+def test_skinny_linear_takes_the_kernel_for_few_rows_of_a_wide_split_or_small_weight():
     """`g4rt::skinny_linear` (every projection of the model): the Triton kernel for up to SKINNY_ROWS rows of
-    a weight with at least one MODEL_CONFIG column block per SM (132 off CUDA) or of at most NARROW_BYTES
-    (the E2B's and E4B's narrow weights), within fp32 rounding of the fp64 product; F.linear, to the bit,
-    for more rows or a weight both narrow and large (the 31B's o_proj and down_proj)."""
+    a weight with at least one MODEL_CONFIG column block per SM (132 off CUDA), one narrower with K long
+    enough to be cut over K (the 31B's o_proj and down_proj, the E4B's down_proj) or one of at most
+    NARROW_BYTES (the E2B's and E4B's q/k/v), within fp32 rounding of the fp64 product; F.linear, to the
+    bit, for more rows or a weight narrow, short along K and large."""
     def weight(n, k):
         return torch.empty(n, k, dtype=torch.bfloat16, device="meta")
     wide = tg.MODEL_CONFIG[0] * 132
     assert tg.takes_gemv(tg.SKINNY_ROWS, weight(wide, 5376)) and not tg.takes_gemv(tg.SKINNY_ROWS + 1, weight(wide, 8))
-    assert tg.takes_gemv(1, weight(1536, 12288 // 2)) and tg.takes_gemv(1, weight(2560, 2048))
-    assert not tg.takes_gemv(1, weight(5376, 8192)) and not tg.takes_gemv(1, weight(2560, 10240))
+    assert tg.takes_gemv(1, weight(5376, 8192)) and tg.takes_gemv(1, weight(2560, 10240))
+    assert tg.takes_gemv(1, weight(3072, 2560)) and not tg.takes_gemv(1, weight(8000, 4000))
     g = torch.Generator().manual_seed(3)
     w = torch.randn(wide, 96, generator=g) / 96 ** 0.5
     x = torch.randn(tg.SKINNY_ROWS + 1, 96, generator=g)
@@ -105,12 +108,40 @@ def test_skinny_linear_takes_the_kernel_for_few_rows_of_a_wide_or_small_weight()
         got = torch.ops.g4rt.skinny_linear(x[:3], rows)
         torch.testing.assert_close(got, (x[:3].double() @ rows.double().T).float(), rtol=1e-5, atol=1e-5)
     assert torch.equal(torch.ops.g4rt.skinny_linear(x, w), torch.nn.functional.linear(x, w))
+    long_k = torch.randn(100, tg.SPLIT_MIN_K + 40, generator=g) / tg.SPLIT_MIN_K ** 0.5  # a split launch
+    assert tg.gemv_plan(*long_k.shape, long_k.device)[1] > 1
+    xk = torch.randn(2, long_k.shape[1], generator=g)
+    torch.testing.assert_close(torch.ops.g4rt.skinny_linear(xk, long_k), (xk.double() @ long_k.double().T).float(),
+                               rtol=1e-5, atol=1e-5)
 
 
-def test_a_narrow_weight_gets_column_blocks_enough_for_every_sm():
-    """gemv_config: MODEL_CONFIG's 64 columns where they give 132 programs, else 32, else 16 (the E2B's
-    hidden 1,536: 96 programs, the most a block of 16 gives)."""
+def test_the_plan_gives_every_sm_a_program_or_three_fifths_of_them():
+    """gemv_plan on the H200's 132 SMs: 64 columns where they give every SM a program; a narrower weight
+    with K >= SPLIT_MIN_K keeps them and is cut over K into enough runs for every SM (at most MAX_SPLITS);
+    a shorter one gets the widest tile whose blocks number at least 3/5 of the SMs (the E4B's 2,560 and 3,072
+    columns: 32, the E2B's 1,536 and 2,048: 16)."""
     cpu = torch.device("cpu")
-    assert tg.gemv_config(64 * 132, cpu) == tg.MODEL_CONFIG
-    assert tg.gemv_config(5376, cpu)[0] == 32 and tg.gemv_config(2560, cpu)[0] == 16
-    assert tg.gemv_config(1536, cpu) == tg.NARROW_CONFIGS[-1]
+    assert tg.gemv_plan(64 * 132, 5376, cpu) == (tg.MODEL_CONFIG, 1)
+    assert tg.gemv_plan(5376, 8192, cpu) == (tg.MODEL_CONFIG, 2)  # 84 blocks of 64
+    assert tg.gemv_plan(2560, 10240, cpu) == (tg.MODEL_CONFIG, 4) and tg.gemv_plan(1536, 6144, cpu)[1] == 6
+    assert tg.gemv_plan(256, 8192, cpu) == (tg.MODEL_CONFIG, tg.MAX_SPLITS)
+    assert tg.gemv_plan(5120, 1536, cpu) == (tg.MODEL_CONFIG, 1)  # 80 blocks: 3/5 of 132
+    assert tg.gemv_plan(2560, 2048, cpu) == (tg.NARROW_CONFIGS[0], 1) and tg.gemv_plan(3072, 2560, cpu)[0][0] == 32
+    assert tg.gemv_plan(2048, 2560, cpu) == (tg.NARROW_CONFIGS[-1], 1) and tg.gemv_plan(256, 1536, cpu)[0][0] == 16
+
+
+@pytest.mark.parametrize("splits", [2, 3, 5])
+def test_a_split_launch_adds_its_runs_in_order_and_leaves_the_counters_at_zero(splits):
+    """K cut into runs (ragged K: the last run is short): within rounding of the fp64 product, the same bits
+    on a second launch (the runs are added in run order, whichever program finishes last), the poisoned
+    output written everywhere, and every column block's counter back at zero for the next launch."""
+    g = torch.Generator().manual_seed(splits)
+    x = torch.randn(3, 1000, generator=g).to(torch.bfloat16)
+    w = (torch.randn(80, 1000, generator=g) / 1000 ** 0.5).to(torch.bfloat16)
+    out = torch.full((3, 80), float("nan"), dtype=torch.bfloat16)
+    got = tg.gemv(x, w, config=(16, 128, 4, 2), out=out, splits=splits)
+    want = (x.double() @ w.double().T).float()
+    eps = torch.finfo(torch.bfloat16).eps
+    torch.testing.assert_close(got.float(), want, rtol=2 * eps, atol=2 * eps * want.abs().max().item())
+    assert torch.equal(tg.gemv(x, w, config=(16, 128, 4, 2), splits=splits), got)
+    assert not tg._locks(x.device).any()
