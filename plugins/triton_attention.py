@@ -234,7 +234,7 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
+def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
     From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
@@ -244,11 +244,19 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2) -> dict:
     (dv_split 2) and the unmasked interior 197 TFLOP/s (29 %; 11.19 ms), the best tried: the 32-key tiles
     leave room for a second stage beside the 128 KB Q tile, where 64-key tiles fit one (11.67 ms, masked;
     with one stage the interior makes the kernel slower, 64x32: 25.5 ms with it, 14.8 ms without).
-    Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512).
+    Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
+    unsplit decode at head dim 256 (`splits` 1: a batch with a program per SM or more, e.g. the 31B's
+    sliding layers from batch 16) takes 32-key tiles over 2 warps instead: each program reads a few tiles
+    at a serving step's context, so its start and end weigh, and the smaller CTA (64 KB of shared memory)
+    lets three share an SM and cover each other's. At context 200 on the H200 (bench.kernels
+    --decode-batch, plugins/results) the 31B's sliding layer took 131.5 against 154.2 us at batch 128,
+    247 against 283 at 256 and 73 against 85 at 64; head dim 512 gained nothing (its tile stays).
     fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
     D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
     Untimed; chosen to fit."""
-    if decode:
+    if decode and head_dim <= 256 and splits == 1:
+        cfg = {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2}
+    elif decode:
         cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 128:
         cfg = {"rows": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
@@ -313,24 +321,20 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
-    cfg = {**default_config(D, is_decode, q.element_size()), **(config or {})}
+    if is_decode and num_splits is None:
+        max_keys = pow2_bucket(page_table.shape[1]) * page_size
+        if window_left >= 0:
+            max_keys = min(max_keys, window_left + 1)
+        num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, D, q.device)
+    num_splits = num_splits or 1
+    cfg = {**default_config(D, is_decode, q.element_size(), num_splits), **(config or {})}
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
     if T == 0:
         return out
-    if is_decode:
-        block_q = max(1, cfg["rows"] // GP)  # padding rows: only query 0 of each sequence exists
-        m_blocks = 1
-        if num_splits is None:
-            max_keys = pow2_bucket(page_table.shape[1]) * page_size
-            if window_left >= 0:
-                max_keys = min(max_keys, window_left + 1)
-            num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, D, q.device)
-    else:
-        block_q = max(1, cfg["rows"] // GP)
-        m_blocks = triton.cdiv(T - B + 1, block_q)
-        num_splits = num_splits or 1
+    block_q = max(1, cfg["rows"] // GP)  # decode: padding rows, only query 0 of each sequence exists
+    m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, block_q)
     if num_splits > 1:
         ws_acc = torch.empty((T * HQ * num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T * HQ * num_splits, 2), dtype=torch.float32, device=q.device)

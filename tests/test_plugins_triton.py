@@ -158,6 +158,22 @@ def test_decode_split_heuristic():
     assert ta.decode_splits(64, 16, 8192, 256, cpu) == 1  # enough programs already
 
 
+def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
+    """A decode with a program per SM or more (one split) at head dim 256 runs 32-key tiles over 2 warps, so
+    three CTAs share an SM (plugins/results, --decode-batch); split decodes and head dim 512 keep theirs.
+    The batch here is such a decode (32 sequences x 8 KV heads, windowed, resident tables): poisoned arena,
+    NaN output, against the reference in bf16."""
+    assert ta.default_config(256, True, 2, splits=1) == {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2,
+                                                         "interior": True}
+    assert ta.default_config(256, True, 2, splits=4)["block_n"] == 64
+    assert ta.default_config(512, True, 2, splits=1)["block_n"] == 32
+    assert ta.default_config(512, True, 2, splits=1)["num_warps"] == 4
+    batch = batch_of([1] * 32, [40 + 7 * i for i in range(32)], 16, 8, 256, 16, wl=window_left(64), resident=True,
+                     dtype=torch.bfloat16, seed=9)
+    assert ta.decode_splits(32, 8, batch.page_table.shape[1] * 16, 256, batch.q.device) == 1
+    check(batch, decode=True)
+
+
 def test_decode_padded_to_graph_buckets_gives_the_same_bits():
     """The CUDA-graph engine pads a decode batch with dummy sequences (to a power-of-two count) and
     its tables with zero columns (to a power-of-two width); the real rows must not change by a bit,

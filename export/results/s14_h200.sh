@@ -11,10 +11,15 @@
 #            200 (`bench.kernels --decode-batch`); the E4B's and E2B's matmul roles at batch 1 (every tile,
 #            unsplit and split); then batch 1 of the E4B, the E2B and the 31B, base (ab/base: 1362153, the
 #            op's tiles of session 13, no split) against this code, alternated, one process each.
+#   steps    the 31B's decode steps at batch 64, 128 and 256 (`bench.engine --decode-steps`, step wall against
+#            graph replay), s1 (ab/s1: b0d4a36, the split skinny matmul with session 13's decode tiles)
+#            against this code (an unsplit decode at head dim 256 takes 32-key tiles over 2 warps); the E2B's
+#            staggered requests with this code (piecewise steps against the compiled module, tokens against
+#            eager); a second batch-1 process per arm of the E4B and the E2B, base against this code.
 #
-#     git archive --prefix=ab/base/g4rt/ REV | tar -x        # the base arm
+#     git archive --prefix=ab/base/g4rt/ REV | tar -x        # the base arm (ab/s1 likewise)
 #     bash export/results/s14_h200.sh PART [budget_s]       # default 560 s; results under $OUT
-PART=${1:?PART: measure or sweep}
+PART=${1:?PART: measure, sweep or steps}
 BUDGET=${2:-560}
 TAG=s14-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -68,6 +73,19 @@ PY
     small=(--skip-hf --batches 1 --new-tokens 32 --profile)
     for m in e4b e2b 31b; do
       for a in base new; do arm $a 1 b1_$m 75 engine --config $m "${small[@]}"; done
+    done
+    ;;
+  steps)
+    for a in s1 new; do
+      arm $a 1 steps_31b 175 engine --config 31b --skip-hf --batches "" --engines inductor --decode-steps 64,128,256 \
+        --reps 1
+    done
+    run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
+      --new-tokens 16 --staggered
+    cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"
+    small=(--skip-hf --batches 1 --new-tokens 32 --profile)
+    for m in e4b e2b; do
+      for a in base new; do arm $a 2 b1_$m 60 engine --config $m "${small[@]}"; done
     done
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
