@@ -66,7 +66,7 @@ SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 # --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
 # run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced
-# (block_n, num_warps, num_stages), the defaults first.
+# (block_n, num_warps, num_stages): the split decode's tile first, the unsplit default among the rest.
 BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
                 "31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), (16, 4, 3), (64, 8, 2), (128, 4, 1),
                                 (32, 2, 2), (64, 2, 2)),

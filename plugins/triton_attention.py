@@ -249,8 +249,9 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     sliding layers from batch 16) takes 32-key tiles over 2 warps instead: each program reads a few tiles
     at a serving step's context, so its start and end weigh, and the smaller CTA (64 KB of shared memory)
     lets three share an SM and cover each other's. At context 200 on the H200 (bench.kernels
-    --decode-batch, plugins/results) the 31B's sliding layer took 131.5 against 154.2 us at batch 128,
-    247 against 283 at 256 and 73 against 85 at 64; head dim 512 gained nothing (its tile stays).
+    --decode-batch, plugins/results, session 15) the 31B's sliding layer took 129.9 against 153.0 us at
+    batch 128, 244.0 against 281.1 at 256 and 72.4 against 84.3 at 64; head dim 512 gained nothing (its
+    tile stays).
     fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
     D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
     Untimed; chosen to fit."""

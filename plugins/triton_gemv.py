@@ -20,9 +20,11 @@ session 10). In the step it gains more than alone: launched with PDL, it starts 
 attention before it finishes, where cuBLAS's kernels wait for them. So every projection of the model
 goes through the op `g4rt::skinny_linear`, which takes the kernel for a few rows and a weight that
 gives every SM a program of MODEL_CONFIG (wide, or cut over K), or is at most NARROW_BYTES (then a narrow
-tile gives it the programs); measured on the H200 at batch 1 against the step that took it for q/k/v and the lm_head
-only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (export/results, session
-13). Everything else is F.linear.
+tile gives it the programs). Measured on the H200 at batch 1 against the step that took it for q/k/v
+and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (session
+13); the cut over K and the narrow tiles by SM share then took the E4B to 3.95 ms and the E2B to 2.51,
+and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
+F.linear.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -45,10 +47,11 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 # gained nothing (export/results, session 12).
 SPLIT_MIN_K = 4096
 MAX_SPLITS = 8
-# A weight too narrow for MODEL_CONFIG to give every SM a column block takes the kernel up to this size:
-# all the E2B's and E4B's projections but their larger down_proj (36-50 MiB), the 26B-A4B's but its full
-# layers' o_proj (44 MiB); the 31B's o_proj and down_proj (84-220 MiB) stay on cuBLAS. 32 MiB measured
-# faster than 64 on the E2B and E4B in the step on the H200 (export/results, session 13).
+# A weight too narrow for MODEL_CONFIG to give every SM a column block, and too short in K to be cut, takes
+# the kernel up to this size (the small models' packed q/k/v, their sliding
+# layers' o_proj, the PLE projections); beyond it,
+# cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the step on the H200, before the cut over K
+# existed (export/results, session 13).
 NARROW_BYTES = 32 << 20
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
