@@ -48,10 +48,9 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 SPLIT_MIN_K = 4096
 MAX_SPLITS = 8
 # A weight too narrow for MODEL_CONFIG to give every SM a column block, and too short in K to be cut, takes
-# the kernel up to this size (the small models' packed q/k/v, their sliding
-# layers' o_proj, the PLE projections); beyond it,
-# cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the step on the H200, before the cut over K
-# existed (export/results, session 13).
+# the kernel up to this size (the small models' packed q/k/v, their sliding layers' o_proj, the PLE
+# projections); beyond it, cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the step on the
+# H200, before the cut over K existed (export/results, session 13).
 NARROW_BYTES = 32 << 20
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
