@@ -3,7 +3,9 @@
 `rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
 `q_norm_rope`, `add_normed`, `add_rms_norm`, and for the MoE block `router_inputs` and `normed_sum`) and
 the MoE router's `route` are written as Hugging Face writes them; `skinny_linear` is F.linear, every
-projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py).
+projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py), and
+`gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate), which that kernel forms in
+its epilogue.
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -37,6 +39,15 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.
 def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     """The gated activation of every Gemma 4 MLP, expert and PLE gate: gelu_tanh(gate) * up."""
     return F.gelu(gate, approximate="tanh") * up
+
+
+def gelu_linear(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+    """gelu_tanh_mul of a projection: of the two halves of F.linear(x, w) (w packs gate and up), or of
+    F.linear(x, w) and `up`."""
+    y = F.linear(x, w)
+    if up is None:
+        y, up = y.split(y.shape[-1] // 2, dim=-1)
+    return gelu_tanh_mul(y, up)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -108,4 +119,5 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
-             "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear}
+             "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
+             "gelu_linear": gelu_linear}

@@ -167,17 +167,16 @@ class MLP(nn.Module):
 
     def pack_gate_up(self) -> None:
         """Hold gate and up as one weight, as `Attention.pack_qkv` does q/k/v: one matmul reads both, and
-        the gated GELU reads the two halves of its output in place."""
+        forms the gated GELU of its two halves (`gelu_linear`: in the skinny matmul's epilogue, at decode)."""
         if self.gate_up_weight is None:
             self.gate_up_weight = _pack([self.gate_proj, self.up_proj])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.gate_up_weight is not None:
-            gate_up = block("skinny_linear", self.kernels, x, self.gate_up_weight)
-            gate, up = gate_up.split(gate_up.shape[-1] // 2, dim=-1)
+            act = block("gelu_linear", self.kernels, x, self.gate_up_weight, None)
         else:
-            gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(block("gelu_tanh_mul", self.kernels, gate, up))
+            act = block("gelu_tanh_mul", self.kernels, self.gate_proj(x), self.up_proj(x))
+        return self.down_proj(act)
 
 
 class Router(nn.Module):
@@ -290,7 +289,7 @@ class DecoderLayer(nn.Module):
         post = self.post_feedforward_layernorm
         if self.has_ple:
             h = block("add_normed", self.kernels, h, m, post.weight, eps)
-            g = block("gelu_tanh_mul", self.kernels, self.per_layer_input_gate(h), ple)
+            g = block("gelu_linear", self.kernels, h, self.per_layer_input_gate.weight, ple)
             m, post = self.per_layer_projection(g), self.post_per_layer_input_norm
         # The tail: h + post(m), times layer_scalar, then the next input norm, in one block.
         return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm_weight, eps, self.layer_scalar)

@@ -24,7 +24,8 @@ tile gives it the programs). Measured on the H200 at batch 1 against the step th
 and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (session
 13); the cut over K and the narrow tiles by SM share then took the E4B to 3.95 ms and the E2B to 2.51,
 and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
-F.linear.
+F.linear. The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
+(`g4rt::gelu_linear`): the E4B's step 3.96 -> 3.87 ms, 84 launches fewer (session 16).
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -35,6 +36,7 @@ import triton
 import triton.language as tl
 
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
+from .triton_norm import gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
@@ -75,18 +77,49 @@ def _gemv_tile(acc, w, x_rows, k, K, m_ok, UPCAST: tl.constexpr, PREC: tl.conste
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, split_k, stride_x, stride_w, stride_out,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
-    """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for output column block i. With SPLITS
+def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
+    """Round the block's fp32 sums to the output type and store them; with GELU the gated GELU of them first,
+    as the gelu kernel (plugins/triton_norm.py) forms it from the rounded matmul output: GELU == 1, the
+    tile's columns are (gate, up) pairs; GELU == 2, the sums are the gate and up is read from up_ptr."""
+    dtype = out_ptr.dtype.element_ty
+    if GELU == 1:
+        gate, up = tl.split(tl.reshape(acc, [16, BLOCK_N // 2, 2]))
+        c = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+        ok = m_ok[:, None] & (c < N // 2)[None, :]
+        y = gelu_tanh_rounded(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), out_ptr)
+    else:
+        c = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+        ok = m_ok[:, None] & (c < N)[None, :]
+        y = acc.to(dtype)
+        if GELU == 2:
+            up = tl.load(up_ptr + m[:, None] * stride_up + c[None, :], mask=ok, other=0.0)
+            y = gelu_tanh_rounded(y.to(tl.float32), up.to(tl.float32), out_ptr)
+    tl.store(out_ptr + m[:, None] * stride_out + c[None, :], y, mask=ok)
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, M, N, K, split_k, stride_x, stride_w,
+                 stride_out, stride_up, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
+                 EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, GELU: tl.constexpr, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr, PDL: tl.constexpr):
+    """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for tile column block i. With SPLITS
     > 1 each writes its fp32 partial, and the block's last program to finish (a counter per block, which
-    that program resets) adds the partials in split order, so the bits do not depend on which finished last."""
+    that program resets) adds the partials in split order, so the bits do not depend on which finished last.
+    With GELU == 1 the weight's N rows are gate rows then up rows, and tile column 2j + h is row h * N/2 + j
+    of the block's pairs: each program holds a gate column and its up column for the epilogue."""
     pid = tl.program_id(0)
-    n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    r = tl.arange(0, BLOCK_N)
+    n = pid * BLOCK_N + r  # tile columns: the partials' index
+    if GELU == 1:
+        pair = pid * (BLOCK_N // 2) + r // 2
+        n_ok = pair < N // 2
+        row = pair + (r % 2) * (N // 2)
+    else:
+        n_ok = n < N
+        row = n
     m = tl.arange(0, 16)
-    n_ok = n < N
     m_ok = m < M
-    w_rows = w_ptr + n.to(tl.int64)[:, None] * stride_w
+    w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_w
     x_rows = x_ptr + m[:, None] * stride_x
     k_lo = tl.program_id(1) * split_k
     k_hi = tl.minimum(k_lo + split_k, K)
@@ -97,19 +130,18 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, part_ptr, lock_ptr, M, N, K, split_k, st
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
-    out_ok = m_ok[:, None] & n_ok[None, :]
-    out = out_ptr + m[:, None] * stride_out + n[None, :]
     if SPLITS == 1:
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=out_ok)
+        _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N, GELU)
     else:
+        part_ok = m_ok[:, None] & n_ok[None, :]
         part = part_ptr + m[:, None] * N + n[None, :]  # partials [SPLITS, M, N], fp32
-        tl.store(part + tl.program_id(1) * M * N, acc, mask=out_ok)
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=part_ok)
         tl.debug_barrier()  # every thread's partial stored before the counter's release
         if tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel") == SPLITS - 1:
             total = tl.zeros([16, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLITS):
-                total += tl.load(part + s * M * N, mask=out_ok, other=0.0, cache_modifier=".cg")
-            tl.store(out, total.to(out_ptr.dtype.element_ty), mask=out_ok)
+                total += tl.load(part + s * M * N, mask=part_ok, other=0.0, cache_modifier=".cg")
+            _store(out_ptr, stride_out, up_ptr, stride_up, total, m, m_ok, pid, N, BLOCK_N, GELU)
             tl.atomic_xchg(lock_ptr + pid, 0)
 
 
@@ -127,11 +159,14 @@ def _locks(device: torch.device) -> torch.Tensor:
 
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
-         out: torch.Tensor | None = None, splits: int = 1) -> torch.Tensor:
+         out: torch.Tensor | None = None, splits: int = 1, halves: bool = False,
+         up: torch.Tensor | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride) times w [N, K] (unit column stride) transposed ->
     [M, N] in x's dtype, as F.linear(x, w) computes it up to the order of the fp32 sums. `config`:
     (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it;
-    `splits`: runs of whole BLOCK_K tiles K is cut into (fewer where K has fewer tiles)."""
+    `splits`: runs of whole BLOCK_K tiles K is cut into (fewer where K has fewer tiles). With the gated
+    GELU in the epilogue, rounded as the gelu kernel rounds the matmul's output: `halves`, w's rows are
+    gate then up and the result is gelu_tanh(gate) * up [M, N/2]; `up` [M, N], it is gelu_tanh(x w^T) * up."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got x {tuple(x.shape)} and w {tuple(w.shape)}")
     M, K = x.shape
@@ -142,6 +177,12 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         raise ValueError(f"x is {x.dtype} and w is {w.dtype}: gemv needs one dtype")
     if x.stride(1) != 1 or w.stride(1) != 1:
         raise ValueError("gemv needs x and w contiguous along K")
+    if halves and (up is not None or N % 2):
+        raise ValueError(f"gemv's halves need an even row count of w and no up, got {N} rows"
+                         f"{' and an up' if up is not None else ''}")
+    if up is not None and (up.shape != (M, N) or up.dtype != x.dtype or up.stride(1) != 1):
+        raise ValueError(f"gemv's up must be [{M}, {N}] in {x.dtype}, contiguous along N; got {tuple(up.shape)}, "
+                         f"{up.dtype}, column stride {up.stride(1)}")
     block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     blocks = triton.cdiv(N, block_n)
@@ -149,13 +190,14 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     splits = triton.cdiv(K, split_k) if K else 1
     if splits > 1 and blocks > LOCKS:
         raise ValueError(f"a split launch takes at most {LOCKS} column blocks, got {blocks}: split a narrower weight")
-    out = torch.empty((M, N), dtype=x.dtype, device=x.device) if out is None else out
+    out = torch.empty((M, N // 2 if halves else N), dtype=x.dtype, device=x.device) if out is None else out
     if M and N:
         part = torch.empty((splits, M, N) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
         locks = _locks(x.device) if splits > 1 else part
         _gemv_kernel[(blocks, splits)](
-            x, w, out, part, locks, M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0), BLOCK_N=block_n,
-            BLOCK_K=block_k, SPLITS=splits, EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0,
+            x, w, out, out if up is None else up, part, locks, M, N, K, split_k, x.stride(0), w.stride(0),
+            out.stride(0), 0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
+            EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=1 if halves else 0 if up is None else 2,
             UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
             num_stages=num_stages, **pdl_launch(x.device))
     return out
@@ -199,3 +241,24 @@ def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 @_skinny_linear_op.register_fake
 def _(x, w):
     return x.new_empty(x.shape[0], w.shape[0])
+
+
+@torch.library.custom_op("g4rt::gelu_linear", mutates_args=())
+def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+    """The gated GELU of a projection, rounded as eager rounds it: gelu_tanh(gate) * up with gate, up the two
+    halves of F.linear(x, w) (the MLP's packed gate/up), or with `up` given, gate = F.linear(x, w) (the PLE
+    gate). Where `takes_gemv`, one launch of the kernel with the GELU in its epilogue (the gelu launch gone;
+    the same plan, so the same sums, as `skinny_linear` of w); else cuBLAS, then the gelu kernel."""
+    if takes_gemv(x.shape[0], w) and (up is not None or w.shape[0] % 2 == 0):
+        config, splits = gemv_plan(*w.shape, x.device)
+        return gemv(x.contiguous(), w, config, splits=splits, halves=up is None,
+                    up=None if up is None else up.contiguous())
+    y = F.linear(x, w)
+    if up is None:
+        y, up = y.split(y.shape[-1] // 2, dim=-1)
+    return gelu_tanh_mul(y, up)
+
+
+@_gelu_linear_op.register_fake
+def _(x, w, up):
+    return x.new_empty(x.shape[0], w.shape[0] if up is not None else w.shape[0] // 2)

@@ -145,3 +145,53 @@ def test_a_split_launch_adds_its_runs_in_order_and_leaves_the_counters_at_zero(s
     torch.testing.assert_close(got.float(), want, rtol=2 * eps, atol=2 * eps * want.abs().max().item())
     assert torch.equal(tg.gemv(x, w, config=(16, 128, 4, 2), splits=splits), got)
     assert not tg._locks(x.device).any()
+
+
+def reference_gelu(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(gate, approximate="tanh") * up
+
+
+@pytest.mark.parametrize("m,splits", [(1, 1), (3, 3), (8, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_gelu_epilogue_is_the_gelu_kernel_on_the_matmul_output_to_the_bit(m, splits, dtype):
+    """The gated GELU in the epilogue (a ragged N and K; a split launch too) is what the gelu kernel computes
+    from the plain launch's rounded output, bit for bit: of its two halves (`halves`, the MLP's packed gate/up)
+    or of it and `up` (the PLE gate, up a row-strided view); near the fp64 GELU of the fp64 product; the
+    poisoned output written everywhere and nothing past it; the split's counters back at zero."""
+    from g4rt.plugins import triton_norm as tn
+    g = torch.Generator().manual_seed(10 * m + splits)
+    n, k, config = 70, 300, (16, 64, 4, 2)
+    x = torch.randn(m, k, generator=g).to(dtype)
+    w = (2 * torch.randn(2 * n, k, generator=g) / k ** 0.5).to(dtype)
+    up = torch.randn(m, n + 5, generator=g).to(dtype)[:, :n]
+    eps = torch.finfo(dtype).eps
+    for gelu, want in (({"halves": True}, reference_gelu(*(x.double() @ w.double().T).split(n, dim=1))),
+                       ({"up": up[:, :n]}, reference_gelu(x.double() @ w[:n].double().T, up.double()))):
+        wg = w if "halves" in gelu else w[:n]
+        out = torch.full((m + 1, n), float("nan"), dtype=dtype)
+        got = tg.gemv(x, wg, config=config, out=out[:m], splits=splits, **gelu)
+        assert torch.isfinite(out[:m]).all() and out[m].isnan().all()
+        plain = tg.gemv(x, wg, config=config, splits=splits)
+        assert torch.equal(got, tn.gelu_tanh_mul(*plain.split(n, dim=1)) if "halves" in gelu
+                           else tn.gelu_tanh_mul(plain, up))
+        torch.testing.assert_close(got.double(), want, rtol=8 * eps, atol=8 * eps * want.abs().max().item())
+    assert not tg._locks(x.device).any()
+
+
+def test_gelu_linear_takes_the_epilogue_for_few_rows_and_the_gelu_kernel_for_more():
+    """`g4rt::gelu_linear` (the MLP's packed gate/up, the PLE gate): for up to SKINNY_ROWS rows the epilogue
+    launch, to the bit what skinny_linear then the gelu kernel give; beyond, F.linear then the gelu kernel, to
+    the bit; a packed weight of odd rows or an up of the wrong shape refused by name."""
+    from g4rt.plugins import triton_norm as tn
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(192, 96, generator=g) / 96 ** 0.5
+    x = torch.randn(tg.SKINNY_ROWS + 1, 96, generator=g)
+    up = torch.randn(tg.SKINNY_ROWS + 1, 192, generator=g)
+    for rows in (x[:2], x):
+        y = torch.ops.g4rt.skinny_linear(rows, w)
+        assert torch.equal(torch.ops.g4rt.gelu_linear(rows, w, None), tn.gelu_tanh_mul(*y.split(96, dim=1)))
+        assert torch.equal(torch.ops.g4rt.gelu_linear(rows, w, up[:len(rows)]), tn.gelu_tanh_mul(y, up[:len(rows)]))
+    with pytest.raises(ValueError, match="halves need an even row count of w and no up, got 191 rows"):
+        tg.gemv(x[:2], w[:191], halves=True)
+    with pytest.raises(ValueError, match=r"gemv's up must be \[2, 192\]"):
+        tg.gemv(x[:2], w, up=up[:3])

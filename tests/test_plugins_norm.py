@@ -118,8 +118,9 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     blocks (two `add_rms_norm`, the second ending in the next layer's input norm or the final norm; for
     PLE models also one `add_normed`; for MoE layers `router_inputs` and `normed_sum`), a KV-shared layer's
     q norm and RoPE is one `q_norm_rope`, every projection is `skinny_linear` (the op that picks the Triton
-    kernel or cuBLAS by shape), and no residual add, layer scalar, router scale or RoPE is left
-    to ATen (each would be a kernel of its own or Inductor's)."""
+    kernel or cuBLAS by shape) but the two of a gated GELU, the packed gate/up and the PLE gate, which are
+    `gelu_linear` (the GELU in the matmul's epilogue: no `gelu_tanh_mul` of their own), and no residual add,
+    layer scalar, router scale or RoPE is left to ATen (each would be a kernel of its own or Inductor's)."""
     from collections import Counter
 
     from conftest import tiny_config
@@ -148,11 +149,12 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     report(f"tiny {name}, one forward of {L} layers: our ops {sum(g4.values())}, ATen add {ops.seen['aten::add']}, "
            f"mul {ops.seen['aten::mul']}, neg {ops.seen['aten::neg']}, cat {ops.seen['aten::cat']}")
     ple, moe = cfg.has_ple, cfg.enable_moe_block
-    # Every projection is `skinny_linear`: per layer q (or the packed q/k/v), o, the packed gate/up and
-    # down; the PLE gate and projection per layer and the per-layer model projection once; the router.
-    mm = 4 * L + ple * (2 * L + 1) + moe * L
+    # Projections through `skinny_linear`: per layer q (or the packed q/k/v), o and down; the PLE
+    # projection per layer and the per-layer model projection once; the router. The packed gate/up and
+    # the PLE gate are `gelu_linear`.
+    mm = 3 * L + ple * (L + 1) + moe * L
     assert g4 == {"g4rt::add_rms_norm": 2 * L, "g4rt::qkv_norm_rope": L - shared, "g4rt::skinny_linear": mm,
-                  "g4rt::gelu_tanh_mul": L * (1 + ple),
+                  "g4rt::gelu_linear": L * (1 + ple),
                   "g4rt::rms_norm": 1 + ple, **({"g4rt::add_normed": L, "g4rt::q_norm_rope": shared} if ple else {}),
                   **({k: L for k in ("g4rt::router_inputs", "g4rt::route", "g4rt::moe", "g4rt::normed_sum")}
                      if moe else {})}
