@@ -25,7 +25,8 @@ and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 
 13); the cut over K and the narrow tiles by SM share then took the E4B to 3.95 ms and the E2B to 2.51,
 and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
 F.linear. The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
-(`g4rt::gelu_linear`): the E4B's step 3.96 -> 3.87 ms, 84 launches fewer (session 16).
+(`g4rt::gelu_linear`): the E4B's step 3.96 -> 3.87 ms, 84 launches fewer; not for the 31B's, which it
+slowed (session 16).
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -243,17 +244,27 @@ def _(x, w):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
+# The largest packed gate/up whose GELU the kernel forms in its epilogue; beyond it, the plain launch then the
+# gelu kernel. On the H200 at batch 1 the epilogue took the E4B's step (gate/up 105 MB) from 3.96 to 3.87 ms,
+# and the 31B's (462 MB) from 16.07 to 16.46 ms, which this bound keeps off (export/results, session 16).
+EPILOGUE_MAX_BYTES = 128 << 20
+
+
 @torch.library.custom_op("g4rt::gelu_linear", mutates_args=())
 def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
     """The gated GELU of a projection, rounded as eager rounds it: gelu_tanh(gate) * up with gate, up the two
     halves of F.linear(x, w) (the MLP's packed gate/up), or with `up` given, gate = F.linear(x, w) (the PLE
-    gate). Where `takes_gemv`, one launch of the kernel with the GELU in its epilogue (the gelu launch gone;
-    the same plan, so the same sums, as `skinny_linear` of w); else cuBLAS, then the gelu kernel."""
-    if takes_gemv(x.shape[0], w) and (up is not None or w.shape[0] % 2 == 0):
+    gate). The matmul is skinny_linear's (the kernel where `takes_gemv`, else cuBLAS), so are its sums; the
+    GELU is the kernel's epilogue, one launch, for the PLE gate and a packed weight of at most
+    EPILOGUE_MAX_BYTES, else the gelu kernel after it."""
+    if takes_gemv(x.shape[0], w):
         config, splits = gemv_plan(*w.shape, x.device)
-        return gemv(x.contiguous(), w, config, splits=splits, halves=up is None,
-                    up=None if up is None else up.contiguous())
-    y = F.linear(x, w)
+        if up is not None or (w.shape[0] % 2 == 0 and w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES):
+            return gemv(x.contiguous(), w, config, splits=splits, halves=up is None,
+                        up=None if up is None else up.contiguous())
+        y = gemv(x.contiguous(), w, config, splits=splits)
+    else:
+        y = F.linear(x, w)
     if up is None:
         y, up = y.split(y.shape[-1] // 2, dim=-1)
     return gelu_tanh_mul(y, up)

@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# H200 calls of session 16: the gated GELU in the skinny matmul's epilogue (`g4rt::gelu_linear`: the packed
-# gate/up and the PLE gate form gelu_tanh(gate) * up from their rounded sums, the gelu launch gone) against the
-# session-15 code (ab/base: 43c3137), a fresh process per arm, arms alternated. One PART per call:
+# H200 calls of session 16, a fresh process per arm, arms alternated. One PART per call:
 #
-#   small  batch 1 of the E4B (three processes per arm) and the E2B (two), base and new.
+#   small  the gated GELU in the skinny matmul's epilogue (`g4rt::gelu_linear`: the packed gate/up and the
+#          PLE gate form gelu_tanh(gate) * up from their rounded sums, the gelu launch gone) against the
+#          session-15 code (ab/base: 43c3137): its bits on the GPU against skinny_linear then the gelu
+#          kernel; batch 1 of the E4B (three processes per arm) and the E2B (two), base and new.
+#   prefetch  the skinny matmul asking L2 for its weight before it waits for the kernel before it (up to
+#          PREFETCH_BYTES a launch) against 65c97eb (ab/base): batch 1 of the E4B and the E2B, two
+#          processes per arm, arms base, new (16 MiB) and p48 (48 MiB: ab/p48, this tree's triton_gemv.py
+#          with PREFETCH_BYTES edited).
 #   large  batch 1 of the 31B and the 26B-A4B (`bench.moe`), base and new, two processes per arm; the E2B's
 #          third process per arm; its staggered requests (piecewise steps against the compiled module,
 #          tokens against eager), new only.
 #
-#     git archive --prefix=ab/base/g4rt/ 43c3137 | tar -x    # the base arm
+#     git archive --prefix=ab/base/g4rt/ 43c3137 | tar -x    # the base arm (65c97eb for prefetch)
 #     bash export/results/s16_h200.sh PART [budget_s]       # default 560 s; results under $OUT
 PART=${1:?PART: small or large}
 BUDGET=${2:-560}
@@ -38,6 +43,14 @@ PY
     for rep in 1 2 3; do
       for a in base new; do arm $a $rep b1_e4b 70 engine --config e4b "${small[@]}"; done
       [ $rep -lt 3 ] && for a in base new; do arm $a $rep b1_e2b 55 engine --config e2b "${small[@]}"; done
+    done
+    ;;
+  prefetch)
+    for rep in 1 2; do
+      for a in base new p48; do
+        arm $a $rep b1_e4b 60 engine --config e4b "${small[@]}"
+        arm $a $rep b1_e2b 50 engine --config e2b "${small[@]}"
+      done
     done
     ;;
   large)
