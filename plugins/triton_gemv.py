@@ -233,10 +233,13 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
 def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else cuBLAS. One opaque
     op, so the eager and the compiled engine make the same choice and compute the same bits."""
-    if takes_gemv(x.shape[0], w):
-        config, splits = gemv_plan(*w.shape, x.device)
-        return gemv(x.contiguous(), w, config, splits=splits)
-    return F.linear(x, w)
+    return _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else F.linear(x, w)
+
+
+def _planned_gemv(x: torch.Tensor, w: torch.Tensor, **epilogue) -> torch.Tensor:
+    """gemv on gemv_plan's tile and splits for w: the launch both ops share, so their sums are the same."""
+    config, splits = gemv_plan(*w.shape, x.device)
+    return gemv(x.contiguous(), w, config, splits=splits, **epilogue)
 
 
 @_skinny_linear_op.register_fake
@@ -257,14 +260,14 @@ def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -
     gate). The matmul is skinny_linear's (the kernel where `takes_gemv`, else cuBLAS), so are its sums; the
     GELU is the kernel's epilogue, one launch, for the PLE gate and a packed weight of at most
     EPILOGUE_MAX_BYTES, else the gelu kernel after it."""
-    if takes_gemv(x.shape[0], w):
-        config, splits = gemv_plan(*w.shape, x.device)
-        if up is not None or (w.shape[0] % 2 == 0 and w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES):
-            return gemv(x.contiguous(), w, config, splits=splits, halves=up is None,
-                        up=None if up is None else up.contiguous())
-        y = gemv(x.contiguous(), w, config, splits=splits)
-    else:
+    if not takes_gemv(x.shape[0], w):
         y = F.linear(x, w)
+    elif up is not None:  # gemv reads a row-strided up (a layer's slice of the per-layer inputs) in place
+        return _planned_gemv(x, w, up=up if up.stride(-1) == 1 else up.contiguous())
+    elif w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES:
+        return _planned_gemv(x, w, halves=True)
+    else:
+        y = _planned_gemv(x, w)
     if up is None:
         y, up = y.split(y.shape[-1] // 2, dim=-1)
     return gelu_tanh_mul(y, up)

@@ -178,33 +178,35 @@ def test_the_gelu_epilogue_is_the_gelu_kernel_on_the_matmul_output_to_the_bit(m,
     assert not tg._locks(x.device).any()
 
 
-def test_gelu_linear_takes_the_epilogue_for_few_rows_and_the_gelu_kernel_for_more():
+def test_gelu_linear_takes_the_epilogue_for_few_rows_and_the_gelu_kernel_for_more(monkeypatch):
     """`g4rt::gelu_linear` (the MLP's packed gate/up, the PLE gate): for up to SKINNY_ROWS rows the epilogue
-    launch, to the bit what skinny_linear then the gelu kernel give; beyond, F.linear then the gelu kernel, to
-    the bit; a packed weight above EPILOGUE_MAX_BYTES the plain launch then the gelu kernel (the PLE gate
-    still fused); a packed weight of odd rows or an up of the wrong shape refused by name."""
+    launch, to the bit what skinny_linear then the gelu kernel give, an up strided over rows (a layer's slice
+    of the per-layer inputs) read in place; beyond, F.linear then the gelu kernel, to the bit; a packed weight
+    above EPILOGUE_MAX_BYTES the plain launch then the gelu kernel (the PLE gate still fused); a packed weight
+    of odd rows or an up of the wrong shape refused by name."""
     from g4rt.plugins import triton_norm as tn
     g = torch.Generator().manual_seed(4)
     w = torch.randn(192, 96, generator=g) / 96 ** 0.5
     x = torch.randn(tg.SKINNY_ROWS + 1, 96, generator=g)
-    up = torch.randn(tg.SKINNY_ROWS + 1, 192, generator=g)
+    up = torch.randn(tg.SKINNY_ROWS + 1, 2, 192, generator=g)[:, 1]
+    assert up.stride(0) == 2 * 192
     for rows in (x[:2], x):
         y = torch.ops.g4rt.skinny_linear(rows, w)
         assert torch.equal(torch.ops.g4rt.gelu_linear(rows, w, None), tn.gelu_tanh_mul(*y.split(96, dim=1)))
         assert torch.equal(torch.ops.g4rt.gelu_linear(rows, w, up[:len(rows)]), tn.gelu_tanh_mul(y, up[:len(rows)]))
     launches = []
+    gemv = tg.gemv
     def recorded(*args, **kwargs):
-        launches.append(kwargs.get("halves", False) or kwargs.get("up") is not None)
+        launches.append((kwargs.get("halves", False), kwargs.get("up") is not None))
         return gemv(*args, **kwargs)
-    gemv, big = tg.gemv, tg.EPILOGUE_MAX_BYTES
-    try:  # a packed weight above EPILOGUE_MAX_BYTES: the plain launch, then the gelu kernel; the PLE gate: fused
-        tg.gemv, tg.EPILOGUE_MAX_BYTES = recorded, w.numel() * w.element_size() - 1
-        y = torch.ops.g4rt.skinny_linear(x[:2], w)
-        assert torch.equal(torch.ops.g4rt.gelu_linear(x[:2], w, None), tn.gelu_tanh_mul(*y.split(96, dim=1)))
-        assert torch.equal(torch.ops.g4rt.gelu_linear(x[:2], w, up[:2]), tn.gelu_tanh_mul(y, up[:2]))
-    finally:
-        tg.gemv, tg.EPILOGUE_MAX_BYTES = gemv, big
-    assert launches == [False, False, True]
+    # A packed weight above EPILOGUE_MAX_BYTES: the plain launch, then the gelu kernel; the PLE gate: fused.
+    monkeypatch.setattr(tg, "gemv", recorded)
+    monkeypatch.setattr(tg, "EPILOGUE_MAX_BYTES", w.numel() * w.element_size() - 1)
+    y = torch.ops.g4rt.skinny_linear(x[:2], w)
+    assert torch.equal(torch.ops.g4rt.gelu_linear(x[:2], w, None), tn.gelu_tanh_mul(*y.split(96, dim=1)))
+    assert torch.equal(torch.ops.g4rt.gelu_linear(x[:2], w, up[:2]), tn.gelu_tanh_mul(y, up[:2]))
+    monkeypatch.undo()
+    assert launches == [(False, False), (False, False), (False, True)]
     with pytest.raises(ValueError, match="halves need an even row count of w and no up, got 191 rows"):
         tg.gemv(x[:2], w[:191], halves=True)
     with pytest.raises(ValueError, match=r"gemv's up must be \[2, 192\]"):

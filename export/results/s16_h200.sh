@@ -7,8 +7,8 @@
 #          kernel; batch 1 of the E4B (three processes per arm) and the E2B (two), base and new.
 #   prefetch  the skinny matmul asking L2 for its weight before it waits for the kernel before it (up to
 #          PREFETCH_BYTES a launch) against 65c97eb (ab/base): batch 1 of the E4B and the E2B, two
-#          processes per arm, arms base, new (16 MiB) and p48 (48 MiB: ab/p48, this tree's triton_gemv.py
-#          with PREFETCH_BYTES edited).
+#          processes per arm, arms base, new (65c97eb with h200_s16_prefetch.patch applied, 16 MiB; the code
+#          is not in the tree) and p48 (ab/p48: the same with PREFETCH_BYTES = 48 << 20).
 #   large  batch 1 of the 31B and the 26B-A4B (`bench.moe`), base and new, two processes per arm; the E2B's
 #          third process per arm; its staggered requests (piecewise steps against the compiled module,
 #          tokens against eager), new only.
