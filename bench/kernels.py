@@ -79,7 +79,7 @@ MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
 # columns cut across 2 or 4 programs (dv_split), which frees the registers and shared memory that
 # bound its tiles.
 PREFILL_SWEEP = {
-    "31B-full": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v, interior=i)
+    "31B-full": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v, interior=i, tma=False)
                  for r, n, w, st, v, i in [(64, 32, 8, 1, 1, True), (64, 32, 8, 1, 1, False),
                                            (128, 64, 8, 1, 2, False), (128, 32, 8, 1, 2, True),
                                            (64, 64, 8, 1, 2, True), (128, 64, 8, 1, 4, True),
@@ -96,7 +96,13 @@ PREFILL_SWEEP = {
                                            # leave room for a second stage (Q 128 KB + 2 x 48 KB)
                                            (128, 32, 8, 2, 2, False), (128, 32, 8, 2, 2, True),
                                            # 16-key tiles: room for 3 and 4 stages
-                                           (128, 16, 8, 3, 2, True), (128, 16, 8, 4, 2, True)]],
+                                           (128, 16, 8, 3, 2, True), (128, 16, 8, 4, 2, True),
+                                           # 64 rows: Q 64 KB, room for a third stage
+                                           (64, 32, 8, 3, 2, True)]]
+                # the interior tiles by tensor-memory copies (kv_descriptors; the default takes them)
+                + [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v, interior=True, tma=True)
+                   for r, n, w, st, v in [(128, 32, 8, 2, 2), (128, 32, 8, 3, 2), (64, 32, 8, 3, 2),
+                                          (64, 32, 4, 3, 2), (64, 32, 8, 2, 1)]],
     "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
                     for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
                                            (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]]

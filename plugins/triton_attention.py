@@ -39,27 +39,36 @@ import os
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from .buckets import pow2_bucket
 
 
 @triton.jit
 def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset,
-                  stride_frame, table_stride, t_end, dv0,
+                  stride_frame, table_stride, t_end, dv0, k_desc, v_desc,
                   HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
-                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr):
+                  BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                  TMA: tl.constexpr):
     """Online softmax over the key tiles starting in [lo, hi). MASK False: every row sees every key of
     these tiles (the caller proved it), so the per-score causal/window mask is skipped; where it would
-    be all true the result is the same bits. Loads stay masked at t_end (cheap: one bit per key row)."""
+    be all true the result is the same bits. Loads stay masked at t_end (cheap: one bit per key row).
+    TMA: each tile lies in one page and every key of it exists (the caller proved both), so its K and V
+    come by tensor-memory copies through k_desc / v_desc ([frames, PAGE, HKV * D] views of the arena):
+    one page-table lookup per tile and no per-element addresses in registers."""
     d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
     n_off = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         kn = start + n_off
         k_ok = kn < t_end
-        frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
-        base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
-        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
+        if TMA:
+            page = tl.load(table_ptr + b * table_stride + (start // PAGE - first))
+            kt = tl.reshape(k_desc.load([page, start % PAGE, h * D]), [BLOCK_N, D])
+        else:
+            frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
+            base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+            kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
         if UPCAST:
             kt = kt.to(tl.float32)
         s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
@@ -71,7 +80,10 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
         p = tl.math.exp2(s - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
+        if TMA:
+            vt = tl.reshape(v_desc.load([page, start % PAGE, h * D + dv0]), [BLOCK_N, DV])
+        else:
+            vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
         if UPCAST:
             vt = vt.to(tl.float32)
         acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
@@ -82,11 +94,11 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
 @triton.jit
 def _paged_attn_kernel(
     q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
-    scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits,
+    scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits, k_desc, v_desc,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -149,20 +161,23 @@ def _paged_attn_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DV], tl.float32)
-    if INTERIOR:
+    if INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+                                      table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
+                                      True, UPCAST, PREC, False)
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j0 * BLOCK_N, t_begin + j1 * BLOCK_N,
                                       pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, False, UPCAST, PREC)
+                                      table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
+                                      False, UPCAST, PREC, TMA)
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j1 * BLOCK_N, t_end, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
-                                      table_stride, t_end, dv0, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+                                      table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
+                                      True, UPCAST, PREC, False)
     else:  # one masked loop over every tile
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_end, pos, wl, arena_ptr, table_ptr,
                                       b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end, dv0,
-                                      HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC)
+                                      k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC, False)
 
     if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
@@ -241,7 +256,8 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355 TFLOP/s
     (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
     plugins/results/results.md). D=512: 128x32/8 warps/2 stages with the output columns cut in two
-    (dv_split 2) and the unmasked interior 197 TFLOP/s (29 %; 11.19 ms), the best tried: the 32-key tiles
+    (dv_split 2), the unmasked interior and its tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %;
+    10.49 ms, 11.22 with element loads; plugins/results, session 17), the best tried: the 32-key tiles
     leave room for a second stage beside the 128 KB Q tile, where 64-key tiles fit one (11.67 ms, masked;
     with one stage the interior makes the kernel slower, 64x32: 25.5 ms with it, 14.8 ms without).
     Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
@@ -264,7 +280,7 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     elif head_dim <= 256:
         cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
     elif elem_bytes <= 2:
-        cfg = {"rows": 128, "block_n": 32, "num_warps": 8, "num_stages": 2, "dv_split": 2}
+        cfg = {"rows": 128, "block_n": 32, "num_warps": 8, "num_stages": 2, "dv_split": 2, "tma": True}
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
     cfg["interior"] = decode or head_dim <= 256 or elem_bytes <= 2
@@ -296,6 +312,25 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, d
     return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, 64))
 
 
+def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
+                   head_dim: int, block_n: int, dv: int) -> tuple[TensorDescriptor, TensorDescriptor] | None:
+    """Tensor-memory copy descriptors of one layer's K and V in the arena, each a [frames, page_size,
+    num_kv_heads * head_dim] view read in [1, block_n, head_dim] (K) and [1, block_n, dv] (V) boxes; None
+    where the copy engine cannot take them: before Hopper, block_n not dividing the page (a tile would
+    cross frames), or an address or stride off the 16-byte grid it needs."""
+    on_device = arena.device.type == "cuda" and torch.cuda.get_device_capability(arena.device)[0] >= 9
+    size = arena.element_size()
+    row = num_kv_heads * head_dim
+    aligned = all((arena.data_ptr() + off * size) % 16 == 0 for off in (k_offset, v_offset)) and all(
+        (n * size) % 16 == 0 for n in (arena.stride(0), row))
+    if not (on_device or interpreting()) or page_size % block_n or not aligned or arena.dim() != 2:
+        return None
+    flat = arena.view(-1)
+    shape, strides = [arena.shape[0], page_size, row], [arena.stride(0), row, 1]
+    return (TensorDescriptor(flat[k_offset:], shape, strides, [1, block_n, head_dim]),
+            TensorDescriptor(flat[v_offset:], shape, strides, [1, block_n, dv]))
+
+
 def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
                     page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
                     page_size: int, num_kv_heads: int, window_left: int, scale: float, *,
@@ -307,7 +342,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned),
     `num_splits` (force the decode split count), `config` (tile overrides, see default_config;
     `dv_split` > 1 cuts the output columns across programs, prefill only; `interior` False masks
-    every key tile, the bench's A/B of the unmasked interior),
+    every key tile, the bench's A/B of the unmasked interior; `tma` True has a prefill without a window
+    copy its interior tiles by tensor-memory copies where `kv_descriptors` allows),
     `decode` (force or forbid the decode launch shape; it needs T == B)."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
@@ -348,11 +384,15 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         raise ValueError(f"dv_split must divide head_dim {D} into parts >= 16 and needs one split, got "
                          f"dv_split={dv_split}, num_splits={num_splits}")
     grid = (m_blocks * num_splits * dv_split, B, HKV)
+    # A window's first key need not start a tile on a page boundary, so only full layers take the copies.
+    descs = None
+    if cfg.get("tma") and not is_decode and window_left < 0 and cfg.get("interior", True):
+        descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
     _paged_attn_kernel[grid](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
-        num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=int(page_size), BLOCK_Q=block_q,
-        BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
+        num_splits, *(descs or (None, None)), TMA=descs is not None, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D,
+        PAGE=int(page_size), BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
         UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:

@@ -59,8 +59,9 @@ class PagedBatch:
 
 def make_paged_batch(q_lens, kv_lens, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                      window_left: int = -1, resident_only: bool = False, dtype=torch.float32, device="cpu",
-                     seed: int = 0, spare_frames: int = 3, scale: float = 1.0) -> PagedBatch:
-    """A random batch whose pages sit in shuffled frames of a fresh arena.
+                     seed: int = 0, spare_frames: int = 3, scale: float = 1.0, frame_pad: int = 5) -> PagedBatch:
+    """A random batch whose pages sit in shuffled frames of a fresh arena (each frame 4 pages' worth of
+    elements plus `frame_pad`: the default 5 keeps the frame stride off every alignment).
 
     `resident_only` (sliding layers): a sequence's table starts at the first page that can hold a
     key some query still sees, and first_page says which logical page that is."""
@@ -74,7 +75,7 @@ def make_paged_batch(q_lens, kv_lens, *, num_q_heads: int, num_kv_heads: int, he
     n_pages = [-(-kl // P) - f for kl, f in zip(kv_lens, first)]
     n_frames = sum(n_pages) + spare_frames
     frames = torch.randperm(n_frames, generator=g)
-    arena = torch.randn(n_frames, 4 * block + 5, generator=g).to(dtype)
+    arena = torch.randn(n_frames, 4 * block + frame_pad, generator=g).to(dtype)
     table = torch.zeros(len(kv_lens), max(max(n_pages), 1), dtype=torch.int32)
     seq_k, seq_v, used = [], [], 0
     k_off, v_off = 2 * block, 3 * block

@@ -44,10 +44,11 @@ def check(batch, tol=None, **kernel_kw):
     return got
 
 
-def batch_of(q_lens, kv_lens, hq, hkv, d, p, wl=-1, resident=False, dtype=torch.float32, seed=0, scale=None):
+def batch_of(q_lens, kv_lens, hq, hkv, d, p, wl=-1, resident=False, dtype=torch.float32, seed=0, scale=None,
+             frame_pad=5):
     return make_paged_batch(q_lens, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=p,
                             window_left=wl, resident_only=resident, dtype=dtype, seed=seed,
-                            scale=d ** -0.5 if scale is None else scale)
+                            scale=d ** -0.5 if scale is None else scale, frame_pad=frame_pad)
 
 
 # --- Gemma's head dims: sliding (256, window, resident tables) and full (512, group 8) ----------
@@ -245,3 +246,31 @@ def test_prefill_interior_tiles_and_column_split(wl, dv_split):
     assert torch.equal(got, masked)  # skipping an all-true mask changes no bit
     with pytest.raises(ValueError, match="dv_split"):
         ta.paged_attention(*batch.args(), config={"dv_split": 3})
+
+
+@pytest.mark.parametrize("dv_split", [1, 2])
+def test_prefill_interior_tiles_by_tensor_memory_copies(monkeypatch, dv_split):
+    """`tma`: a full layer's interior key tiles come through tensor-memory copy descriptors, to the bit what
+    the element loads give (the poisoned page tails and frames stay unread: the edge tiles keep the masked
+    loads); an arena whose frame stride is off the 16-byte grid, a page that block_n does not divide, or a
+    window keep every tile on the element loads."""
+    taken = []
+    descriptors = ta.kv_descriptors
+    monkeypatch.setattr(ta, "kv_descriptors", lambda *a: taken.append(descriptors(*a)) or taken[-1])
+    config = {"rows": 16, "block_n": 16, "dv_split": dv_split}
+    batch = batch_of([40, 1, 23], [100, 64, 23], 4, 2, 64, 32, seed=13, frame_pad=8)
+    got = check(batch, config={**config, "tma": True})
+    assert len(taken) == 1 and taken[0] is not None
+    assert [list(t.block_shape) for t in taken[0]] == [[1, 16, 64], [1, 16, 64 // dv_split]]
+    assert torch.equal(got, check(batch, config=config))
+    for case, cfg, copies in [(batch_of([40, 1, 23], [100, 64, 23], 4, 2, 64, 32, seed=13), config, False),
+                              (batch, {**config, "block_n": 64}, False),
+                              (batch, {**config, "rows": 32, "block_n": 32}, True)]:
+        taken.clear()
+        check(case, config={**cfg, "tma": True})
+        assert len(taken) == 1 and (taken[0] is not None) == copies
+    taken.clear()
+    check(batch_of([40, 1], [100, 64], 4, 2, 64, 32, wl=29, resident=True, seed=3, frame_pad=8),
+          config={**config, "tma": True})
+    assert taken == []  # a window: never asked
+
