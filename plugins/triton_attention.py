@@ -392,8 +392,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
         num_splits, *(descs or (None, None)), TMA=descs is not None, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D,
-        PAGE=int(page_size), BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split, INTERIOR=cfg.get("interior", True),
-        UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
+        PAGE=int(page_size), BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split,
+        INTERIOR=cfg.get("interior", True), UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits),

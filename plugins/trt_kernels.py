@@ -46,17 +46,18 @@ def attention_abi(q, arena, cu_q, kv_lens, table, first, window_left, k_offset, 
                   BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr,
                   UPCAST: tl.constexpr, PREC: tl.constexpr):
     # Keyword constexprs: the kernel's tile parameters, by name. With DV_SPLIT > 1 and several splits
-    # each column slice writes its part of a partial and the same (m, l): identical values.
+    # each column slice writes its part of a partial and the same (m, l): identical values. No tensor-memory
+    # copy descriptors (k_desc, v_desc None): the plugin's ABI passes pointers only.
     if num_splits == 1:
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
-                           k_offset, v_offset, stride_frame, table_stride, 1, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D,
-                           PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=False, DV_SPLIT=DV_SPLIT,
-                           INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
+                           k_offset, v_offset, stride_frame, table_stride, 1, None, None, HQ=HQ, HKV=HKV, G=G,
+                           GP=GP, D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=False,
+                           DV_SPLIT=DV_SPLIT, INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
     else:
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
-                           k_offset, v_offset, stride_frame, table_stride, num_splits, HQ=HQ, HKV=HKV, G=G, GP=GP,
-                           D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=True, DV_SPLIT=DV_SPLIT,
-                           INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
+                           k_offset, v_offset, stride_frame, table_stride, num_splits, None, None, HQ=HQ,
+                           HKV=HKV, G=G, GP=GP, D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=True,
+                           DV_SPLIT=DV_SPLIT, INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
 
 
 @triton.jit
@@ -174,6 +175,7 @@ def attention_tiles(head_dim: int, dtype: str, group: int) -> dict:
     if dtype not in ELEM_BYTES:
         raise ValueError(f"no attention tiles for dtype {dtype!r}; known: {', '.join(ELEM_BYTES)}")
     cfg = {"dv_split": 1, "interior": True, **default_config(head_dim, decode=False, elem_bytes=ELEM_BYTES[dtype])}
+    cfg.pop("tma", None)  # the plugin's ABI passes pointers, not copy descriptors
     gp = triton.next_power_of_2(group)
     cfg.update(group_pad=gp, block_q=max(1, cfg["rows"] // gp))
     return cfg

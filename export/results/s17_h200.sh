@@ -10,10 +10,12 @@
 #          (ab/base: element loads): the 31B's 8k time to first token, one 8,192 chunk, profiled, two
 #          processes per arm; the E2B's staggered requests (piecewise steps against the compiled module,
 #          tokens against eager; its full layers take the copies), new only.
+#   ttft3  three more processes per arm of `ttft`'s 8k time to first token (repetitions 3-5); then, new
+#          only, 2,048 and 8,192 tokens with chunks of 2,048 and 8,192.
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm: 43c3137 for kern, 9333dcd for ttft
 #     bash export/results/s17_h200.sh PART [budget_s]       # default 570 s; results under $OUT
-PART=${1:?PART: kern or ttft}
+PART=${1:?PART: kern, ttft or ttft3}
 BUDGET=${2:-570}
 TAG=s17-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -28,16 +30,19 @@ case $PART in
     arm base 1 b1_31b 125 engine --config 31b "${small[@]}"
     arm new 2 b1_31b 125 engine --config 31b "${small[@]}"
     ;;
-  ttft)
-    for rep in 1 2; do
+  ttft|ttft3)
+    reps=(1 2); [ $PART = ttft3 ] && reps=(3 4 5)
+    for rep in "${reps[@]}"; do
       for a in base new; do
         arm $a $rep ttft_31b 100 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 8192 \
           --ttft-chunks 8192 --reps 3 --profile
       done
     done
-    run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
+    [ $PART = ttft ] && run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
       --new-tokens 16 --staggered
-    cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"
+    [ $PART = ttft ] && { cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"; }
+    [ $PART = ttft3 ] && arm new 1 ttft_chunks_31b 250 engine --config 31b --skip-hf --batches "" --engines inductor \
+      --ttft 2048,8192 --ttft-chunks 2048,8192 --reps 3
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
