@@ -317,13 +317,15 @@ def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size:
     """Tensor-memory copy descriptors of one layer's K and V in the arena, each a [frames, page_size,
     num_kv_heads * head_dim] view read in [1, block_n, head_dim] (K) and [1, block_n, dv] (V) boxes; None
     where the copy engine cannot take them: before Hopper, block_n not dividing the page (a tile would
-    cross frames), or an address or stride off the 16-byte grid it needs."""
+    cross frames), an address or stride off the 16-byte grid it needs, or an arena that is not one
+    contiguous [frames, frame elements] block."""
     on_device = arena.device.type == "cuda" and torch.cuda.get_device_capability(arena.device)[0] >= 9
+    if not (on_device or interpreting()) or page_size % block_n or arena.dim() != 2 or not arena.is_contiguous():
+        return None
     size = arena.element_size()
     row = num_kv_heads * head_dim
-    aligned = all((arena.data_ptr() + off * size) % 16 == 0 for off in (k_offset, v_offset)) and all(
-        (n * size) % 16 == 0 for n in (arena.stride(0), row))
-    if not (on_device or interpreting()) or page_size % block_n or not aligned or arena.dim() != 2:
+    if any((arena.data_ptr() + off * size) % 16 for off in (k_offset, v_offset)) or (arena.stride(0) * size) % 16 \
+            or (row * size) % 16:
         return None
     flat = arena.view(-1)
     shape, strides = [arena.shape[0], page_size, row], [arena.stride(0), row, 1]

@@ -50,6 +50,11 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 # gained nothing (export/results, session 12).
 SPLIT_MIN_K = 4096
 MAX_SPLITS = 8
+# A weight so narrow that even the narrowest tile gives fewer than 3/5 of the SMs a program (the PLE gates'
+# 256 columns, the MoE router's 128) takes the widest narrow tile cut over K from this K on: the E4B's PLE
+# gate [256 x 2,560] at batch 1 on the H200, 35 layers, 0.164 ms on 16 unsplit 16-column blocks against
+# 0.132 on 8 blocks of 32 cut in 8; the E2B's [256 x 1,536] 0.092 against 0.086 (export/results, session 17).
+NARROW_SPLIT_MIN_K = 1536
 # A weight too narrow for MODEL_CONFIG to give every SM a column block, and too short in K to be cut, takes
 # the kernel up to this size (the small models' packed q/k/v, their sliding layers' o_proj, the PLE
 # projections); beyond it, cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the step on the
@@ -208,7 +213,8 @@ def gemv_plan(n: int, k: int, device: torch.device) -> tuple[tuple[int, int, int
     """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
     a program; for a narrower weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut into enough
     runs (at most MAX_SPLITS) for every SM to get a program; else the widest tile of NARROW_CONFIGS whose
-    column blocks give 3/5 of the SMs a program, else the narrowest (the most programs)."""
+    column blocks give 3/5 of the SMs a program; else, with K of at least NARROW_SPLIT_MIN_K, the widest
+    narrow tile cut over K the same way; else the narrowest (the most programs)."""
     sms = sm_count(device)
     blocks = triton.cdiv(n, MODEL_CONFIG[0])
     if blocks >= sms:
@@ -218,6 +224,8 @@ def gemv_plan(n: int, k: int, device: torch.device) -> tuple[tuple[int, int, int
     for config in (MODEL_CONFIG, *NARROW_CONFIGS):
         if 5 * triton.cdiv(n, config[0]) >= 3 * sms:
             return config, 1
+    if k >= NARROW_SPLIT_MIN_K:
+        return NARROW_CONFIGS[0], min(MAX_SPLITS, triton.cdiv(sms, triton.cdiv(n, NARROW_CONFIGS[0][0])))
     return NARROW_CONFIGS[-1], 1
 
 
