@@ -273,4 +273,3 @@ def test_prefill_interior_tiles_by_tensor_memory_copies(monkeypatch, dv_split):
     check(batch_of([40, 1], [100, 64], 4, 2, 64, 32, wl=29, resident=True, seed=3, frame_pad=8),
           config={**config, "tma": True})
     assert taken == []  # a window: never asked
-

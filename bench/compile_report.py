@@ -1,0 +1,119 @@
+"""The paged attention kernel (plugins/triton_attention.py) compiled for a GPU target on any machine, no GPU
+needed, and what ptxas says of it: registers a thread uses, bytes spilled, shared memory a block asks for;
+`--ir DIR` also writes its TTGIR (where the loop's copies and matmuls sit) and PTX.
+
+    python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
+        [--decode] [--splits 1] [--window] [--dtype bfloat16] [--config '{"num_stages": 3}'] [--arch 90] [--ir DIR]
+
+The launch is `paged_attention`'s: its default_config with `--config` over it, its constexprs, the 16-byte
+divisibility the JIT infers for the pointers and the arena's offsets, the copy descriptors where `tma` holds
+(a prefill without a window whose tile divides the page). The report is the installed Triton's: run it with
+the version the GPU runs (the H200's image: triton 3.6) to read that machine's kernel.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.compiler import get_ptxas
+
+from g4rt.plugins import triton_attention as ta
+
+TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in every arena the runtime builds
+
+
+def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
+                     splits: int = 1, window: bool = False, dtype: str = "bfloat16", config: dict | None = None,
+                     arch: int = 90) -> dict:
+    """Compile `_paged_attn_kernel` as `paged_attention` would launch it; returns the tiles, whether the copy
+    descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
+    if dtype not in TRITON_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
+    if q_heads % kv_heads:
+        raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
+    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits), **(config or {})}
+    group = q_heads // kv_heads
+    gp = triton.next_power_of_2(group)
+    dv_split = cfg.get("dv_split", 1)
+    tma = bool(cfg.get("tma")) and not decode and not window and cfg.get("interior", True) \
+        and page % cfg["block_n"] == 0
+    t = TRITON_DTYPES[dtype]
+    fn = ta._paged_attn_kernel
+    sig = {name: "i32" for name in fn.arg_names}
+    sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
+               **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")},
+               ws_acc_ptr="*fp32", ws_ml_ptr="*fp32")
+    const = dict(HQ=q_heads, HKV=kv_heads, G=group, GP=gp, D=head_dim, PAGE=page,
+                 BLOCK_Q=max(1, cfg["rows"] // gp), BLOCK_N=cfg["block_n"], SPLIT=splits > 1, DV_SPLIT=dv_split,
+                 INTERIOR=cfg.get("interior", True), UPCAST=False, PREC="ieee" if dtype == "float32" else "tf32",
+                 TMA=tma, PDL=arch >= 90)
+    if tma:
+        sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
+        sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
+    else:
+        const.update(k_desc=None, v_desc=None)
+    sig.update({name: "constexpr" for name in const})
+    names = list(fn.arg_names)
+    aligned = [n for n in names if sig[n].startswith("*")] + list(ALIGNED_INTS)
+    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
+    src = triton.compiler.ASTSource(fn, sig, constexprs=const, attrs=attrs)
+    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
+                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    ptx = compiled.asm["ptx"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        run = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull],
+                             capture_output=True, text=True, check=True)
+    regs = re.search(r"Used (\d+) registers", run.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", run.stderr)
+    return {"config": cfg, "tma": tma, "registers": int(regs.group(1)) if regs else None,
+            "spill_bytes": int(spill.group(1)) if spill else 0, "shared": compiled.metadata.shared,
+            "ttgir": compiled.asm["ttgir"], "ptx": ptx}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--head-dim", type=int, required=True)
+    ap.add_argument("--page", type=int, required=True, help="tokens per page of the layer's group")
+    ap.add_argument("--q-heads", type=int, required=True)
+    ap.add_argument("--kv-heads", type=int, required=True)
+    ap.add_argument("--decode", action="store_true", help="the decode launch (one query per sequence)")
+    ap.add_argument("--splits", type=int, default=1, help="decode's runs over the keys (the split epilogue if > 1)")
+    ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
+    ap.add_argument("--dtype", default="bfloat16", choices=sorted(TRITON_DTYPES))
+    ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
+                                                   "'{\"rows\": 64, \"num_stages\": 3, \"tma\": false}'")
+    ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
+    ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx")
+    args = ap.parse_args(argv)
+    try:
+        config = json.loads(args.config)
+    except json.JSONDecodeError as e:
+        ap.error(f"--config is not JSON: {e}")
+    report = attention_report(head_dim=args.head_dim, page=args.page, q_heads=args.q_heads,
+                              kv_heads=args.kv_heads, decode=args.decode, splits=args.splits, window=args.window,
+                              dtype=args.dtype, config=config, arch=args.arch)
+    if args.ir:
+        os.makedirs(args.ir, exist_ok=True)
+        for ext in ("ttgir", "ptx"):
+            with open(os.path.join(args.ir, f"attention.{ext}"), "w") as f:
+                f.write(report[ext])
+    print(json.dumps({k: v for k, v in report.items() if k not in ("ttgir", "ptx")}
+                     | {"triton": triton.__version__, "arch": f"sm_{args.arch}"}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

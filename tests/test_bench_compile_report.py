@@ -1,0 +1,50 @@
+"""bench/compile_report.py: the paged attention kernel compiled for sm_90 on this machine (no GPU; compiled,
+so not under the interpreter, in a subprocess without TRITON_INTERPRET): the report's registers and shared
+memory are ptxas's and the compiler's, the head-dim-512 prefill default fits an H200 and copies its
+interior tiles by tensor-memory copies, a sliding layer never does."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("triton", reason="the triton extra is not installed")
+
+H200_SMEM_BYTES = 232448  # 227 KB of shared memory per block on sm_90 (the opt-in maximum)
+
+
+def report(tmp_path, *args):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", *args, "--ir", str(tmp_path)],
+                       capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_the_full_layers_prefill_default_fits_and_copies_by_tensor_memory(tmp_path):
+    out = report(tmp_path, "--head-dim", "512", "--page", "160", "--q-heads", "32", "--kv-heads", "4")
+    assert out["tma"] and out["config"]["dv_split"] == 2 and out["arch"] == "sm_90"
+    assert 0 < out["registers"] <= 255 and 0 < out["shared"] <= H200_SMEM_BYTES
+    ttgir = (tmp_path / "attention.ttgir").read_text()
+    assert "async_tma_copy_global_to_local" in ttgir and "warp_group_dot" in ttgir
+    assert ".entry _paged_attn_kernel" in (tmp_path / "attention.ptx").read_text()
+
+
+def test_a_sliding_layer_and_an_explicit_override_keep_the_element_loads(tmp_path):
+    for args in (["--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16", "--window"],
+                 ["--head-dim", "512", "--page", "160", "--q-heads", "32", "--kv-heads", "4",
+                  "--config", '{"tma": false}']):
+        out = report(tmp_path, *args)
+        assert not out["tma"] and 0 < out["shared"] <= H200_SMEM_BYTES
+        assert "async_tma_copy_global_to_local" not in (tmp_path / "attention.ttgir").read_text()
+
+
+def test_a_bad_config_is_named(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", "--head-dim", "512", "--page", "160",
+                        "--q-heads", "32", "--kv-heads", "4", "--config", "{rows: 64}"],
+                       capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 2 and "--config is not JSON" in r.stderr
