@@ -25,9 +25,8 @@ from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 
 from g4rt.plugins import triton_attention as ta
+from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
-TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in every arena the runtime builds
 
 
