@@ -82,12 +82,12 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m g4rt.bench.compile_report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head-dim", type=int, required=True)
+    ap.add_argument("--head-dim", type=int, required=True, help="the layer's head dim (256 sliding, 512 full)")
     ap.add_argument("--page", type=int, required=True, help="tokens per page of the layer's group")
-    ap.add_argument("--q-heads", type=int, required=True)
-    ap.add_argument("--kv-heads", type=int, required=True)
+    ap.add_argument("--q-heads", type=int, required=True, help="query heads (the 31B: 32)")
+    ap.add_argument("--kv-heads", type=int, required=True, help="KV heads of the layer (the 31B: 16 sliding, 4 full)")
     ap.add_argument("--decode", action="store_true", help="the decode launch (one query per sequence)")
     ap.add_argument("--splits", type=int, default=1, help="decode's runs over the keys (the split epilogue if > 1)")
     ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
@@ -97,6 +97,8 @@ def main(argv=None):
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
     ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx")
     args = ap.parse_args(argv)
+    if ta.interpreting():
+        ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
     try:
         config = json.loads(args.config)
     except json.JSONDecodeError as e:

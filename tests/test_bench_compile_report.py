@@ -42,9 +42,13 @@ def test_a_sliding_layer_and_an_explicit_override_keep_the_element_loads(tmp_pat
         assert "async_tma_copy_global_to_local" not in (tmp_path / "attention.ttgir").read_text()
 
 
-def test_a_bad_config_is_named(tmp_path):
+def test_a_bad_config_and_the_interpreter_are_named(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", "--head-dim", "512", "--page", "160",
                         "--q-heads", "32", "--kv-heads", "4", "--config", "{rows: 64}"],
                        capture_output=True, text=True, timeout=120, env=env)
     assert r.returncode == 2 and "--config is not JSON" in r.stderr
+    r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", "--head-dim", "512", "--page", "160",
+                        "--q-heads", "32", "--kv-heads", "4"], capture_output=True, text=True, timeout=120,
+                       env={**env, "TRITON_INTERPRET": "1"})
+    assert r.returncode == 2 and "TRITON_INTERPRET is set" in r.stderr
