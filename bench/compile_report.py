@@ -40,21 +40,17 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     if q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
     cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits), **(config or {})}
-    group = q_heads // kv_heads
-    gp = triton.next_power_of_2(group)
     dv_split = cfg.get("dv_split", 1)
-    tma = bool(cfg.get("tma")) and not decode and not window and cfg.get("interior", True) \
-        and page % cfg["block_n"] == 0
+    tma = ta.takes_copies(cfg, decode, 0 if window else -1, page)
     t = TRITON_DTYPES[dtype]
     fn = ta._paged_attn_kernel
     sig = {name: "i32" for name in fn.arg_names}
     sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
                **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")},
                ws_acc_ptr="*fp32", ws_ml_ptr="*fp32")
-    const = dict(HQ=q_heads, HKV=kv_heads, G=group, GP=gp, D=head_dim, PAGE=page,
-                 BLOCK_Q=max(1, cfg["rows"] // gp), BLOCK_N=cfg["block_n"], SPLIT=splits > 1, DV_SPLIT=dv_split,
-                 INTERIOR=cfg.get("interior", True), UPCAST=False, PREC="ieee" if dtype == "float32" else "tf32",
-                 TMA=tma, PDL=arch >= 90)
+    const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                                 page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
+    const["PDL"] = arch >= 90
     if tma:
         sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
         sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"

@@ -216,13 +216,20 @@ def interpreting() -> bool:
 
 
 @functools.cache
+def hopper(device: torch.device) -> bool:
+    """Whether `device` is a CUDA GPU of compute capability 9 or more: dependent launches and tensor-memory
+    copies (looked up once)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.cache
 def pdl(device: torch.device) -> bool:
     """Whether the step's Triton kernels launch with programmatic dependent launch (Hopper and later;
     never under the interpreter, which has no grid dependency control). Such a launch may start while
     the kernel before it in the stream finishes; the kernel waits for it (`await_inputs`) before it
     reads anything a kernel wrote, so only the launch's latency and a kernel's start overlap the tail
     of the one before: the 31B's batch-1 decode step is about 800 kernels, most of a few microseconds."""
-    return device.type == "cuda" and not interpreting() and torch.cuda.get_device_capability(device)[0] >= 9
+    return hopper(device) and not interpreting()
 
 
 def pdl_launch(device: torch.device) -> dict:
@@ -312,15 +319,35 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, d
     return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, 64))
 
 
+def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> bool:
+    """Whether a launch on tiles `cfg` copies its interior key tiles by tensor-memory copies, from its shape
+    alone: asked (`tma`), a prefill with the unmasked interior, no window (a window's first key need not start
+    a tile on a page boundary), and block_n dividing the page (a tile would cross frames). The arena must
+    then suit the copy engine too (`kv_descriptors`)."""
+    return (bool(cfg.get("tma")) and not decode and window_left < 0 and cfg.get("interior", True)
+            and page_size % cfg["block_n"] == 0)
+
+
+def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
+                      num_splits: int, fp32: bool, copies: bool) -> dict:
+    """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
+    offline compile of the same kernel)."""
+    group = num_q_heads // num_kv_heads
+    gp = triton.next_power_of_2(group)
+    return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
+                BLOCK_Q=max(1, cfg["rows"] // gp),  # decode: padding rows, only query 0 of each sequence exists
+                BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
+                INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
+                TMA=copies)
+
+
 def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
                    head_dim: int, block_n: int, dv: int) -> tuple[TensorDescriptor, TensorDescriptor] | None:
     """Tensor-memory copy descriptors of one layer's K and V in the arena, each a [frames, page_size,
     num_kv_heads * head_dim] view read in [1, block_n, head_dim] (K) and [1, block_n, dv] (V) boxes; None
-    where the copy engine cannot take them: before Hopper, block_n not dividing the page (a tile would
-    cross frames), an address or stride off the 16-byte grid it needs, or an arena that is not one
-    contiguous [frames, frame elements] block."""
-    on_device = arena.device.type == "cuda" and torch.cuda.get_device_capability(arena.device)[0] >= 9
-    if not (on_device or interpreting()) or page_size % block_n or arena.dim() != 2 or not arena.is_contiguous():
+    where the copy engine cannot take them: before Hopper, an address or stride off the 16-byte grid it
+    needs, or an arena that is not one contiguous [frames, frame elements] block."""
+    if not (hopper(arena.device) or interpreting()) or arena.dim() != 2 or not arena.is_contiguous():
         return None
     size = arena.element_size()
     row = num_kv_heads * head_dim
@@ -345,7 +372,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     `num_splits` (force the decode split count), `config` (tile overrides, see default_config;
     `dv_split` > 1 cuts the output columns across programs, prefill only; `interior` False masks
     every key tile, the bench's A/B of the unmasked interior; `tma` True has a prefill without a window
-    copy its interior tiles by tensor-memory copies where `kv_descriptors` allows),
+    copy its interior tiles by tensor-memory copies where `takes_copies` and `kv_descriptors` allow),
     `decode` (force or forbid the decode launch shape; it needs T == B)."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
@@ -355,8 +382,6 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
                          f"Hq={HQ} Hkv={HKV} D={D}")
     if arena.stride(1) != 1 or page_table.stride(1) != 1:
         raise ValueError("arena and page_table must be contiguous in their last dim")
-    G = HQ // HKV
-    GP = triton.next_power_of_2(G)
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
@@ -372,30 +397,25 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         out = torch.empty_like(q)
     if T == 0:
         return out
-    block_q = max(1, cfg["rows"] // GP)  # decode: padding rows, only query 0 of each sequence exists
-    m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, block_q)
     if num_splits > 1:
         ws_acc = torch.empty((T * HQ * num_splits, D), dtype=torch.float32, device=q.device)
         ws_ml = torch.empty((T * HQ * num_splits, 2), dtype=torch.float32, device=q.device)
     else:
         ws_acc = ws_ml = out  # never touched
-    upcast = interpreting()
-    prec = "ieee" if q.dtype == torch.float32 else "tf32"
     dv_split = cfg.get("dv_split", 1)
     if dv_split < 1 or D % dv_split or (D // dv_split) < 16 or (dv_split > 1 and num_splits > 1):
         raise ValueError(f"dv_split must divide head_dim {D} into parts >= 16 and needs one split, got "
                          f"dv_split={dv_split}, num_splits={num_splits}")
-    grid = (m_blocks * num_splits * dv_split, B, HKV)
-    # A window's first key need not start a tile on a page boundary, so only full layers take the copies.
     descs = None
-    if cfg.get("tma") and not is_decode and window_left < 0 and cfg.get("interior", True):
+    if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
-    _paged_attn_kernel[grid](
+    consts = launch_constexprs(cfg, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=page_size,
+                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None)
+    m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, consts["BLOCK_Q"])
+    _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
-        num_splits, *(descs or (None, None)), TMA=descs is not None, HQ=HQ, HKV=HKV, G=G, GP=GP, D=D,
-        PAGE=int(page_size), BLOCK_Q=block_q, BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=dv_split,
-        INTERIOR=cfg.get("interior", True), UPCAST=upcast, PREC=prec, num_warps=cfg["num_warps"],
+        num_splits, *(descs or (None, None)), **consts, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:

@@ -216,16 +216,19 @@ def gemv_plan(n: int, k: int, device: torch.device) -> tuple[tuple[int, int, int
     column blocks give 3/5 of the SMs a program; else, with K of at least NARROW_SPLIT_MIN_K, the widest
     narrow tile cut over K the same way; else the narrowest (the most programs)."""
     sms = sm_count(device)
-    blocks = triton.cdiv(n, MODEL_CONFIG[0])
-    if blocks >= sms:
+
+    def cut(config):  # config's column blocks, K cut into enough runs for every SM to get a program
+        return config, min(MAX_SPLITS, triton.cdiv(sms, triton.cdiv(n, config[0])))
+
+    if triton.cdiv(n, MODEL_CONFIG[0]) >= sms:
         return MODEL_CONFIG, 1
     if k >= SPLIT_MIN_K:
-        return MODEL_CONFIG, min(MAX_SPLITS, triton.cdiv(sms, blocks))
+        return cut(MODEL_CONFIG)
     for config in (MODEL_CONFIG, *NARROW_CONFIGS):
         if 5 * triton.cdiv(n, config[0]) >= 3 * sms:
             return config, 1
     if k >= NARROW_SPLIT_MIN_K:
-        return NARROW_CONFIGS[0], min(MAX_SPLITS, triton.cdiv(sms, triton.cdiv(n, NARROW_CONFIGS[0][0])))
+        return cut(NARROW_CONFIGS[0])
     return NARROW_CONFIGS[-1], 1
 
 

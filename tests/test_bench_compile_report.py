@@ -16,16 +16,25 @@ pytest.importorskip("triton", reason="the triton extra is not installed")
 H200_SMEM_BYTES = 232448  # 227 KB of shared memory per block on sm_90 (the opt-in maximum)
 
 
-def report(tmp_path, *args):
+FULL = ["--head-dim", "512", "--page", "160", "--q-heads", "32", "--kv-heads", "4"]  # the 31B's full layer
+
+
+def run(*args, interpret=False):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", *args, "--ir", str(tmp_path)],
-                       capture_output=True, text=True, timeout=600, env=env)
+    if interpret:
+        env["TRITON_INTERPRET"] = "1"
+    return subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", *args],
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def report(tmp_path, *args):
+    r = run(*args, "--ir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
 def test_the_full_layers_prefill_default_fits_and_copies_by_tensor_memory(tmp_path):
-    out = report(tmp_path, "--head-dim", "512", "--page", "160", "--q-heads", "32", "--kv-heads", "4")
+    out = report(tmp_path, *FULL)
     assert out["tma"] and out["config"]["dv_split"] == 2 and out["arch"] == "sm_90"
     assert 0 < out["registers"] <= 255 and 0 < out["shared"] <= H200_SMEM_BYTES
     ttgir = (tmp_path / "attention.ttgir").read_text()
@@ -35,20 +44,14 @@ def test_the_full_layers_prefill_default_fits_and_copies_by_tensor_memory(tmp_pa
 
 def test_a_sliding_layer_and_an_explicit_override_keep_the_element_loads(tmp_path):
     for args in (["--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16", "--window"],
-                 ["--head-dim", "512", "--page", "160", "--q-heads", "32", "--kv-heads", "4",
-                  "--config", '{"tma": false}']):
+                 [*FULL, "--config", '{"tma": false}']):
         out = report(tmp_path, *args)
         assert not out["tma"] and 0 < out["shared"] <= H200_SMEM_BYTES
         assert "async_tma_copy_global_to_local" not in (tmp_path / "attention.ttgir").read_text()
 
 
-def test_a_bad_config_and_the_interpreter_are_named(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", "--head-dim", "512", "--page", "160",
-                        "--q-heads", "32", "--kv-heads", "4", "--config", "{rows: 64}"],
-                       capture_output=True, text=True, timeout=120, env=env)
+def test_a_bad_config_and_the_interpreter_are_named():
+    r = run(*FULL, "--config", "{rows: 64}")
     assert r.returncode == 2 and "--config is not JSON" in r.stderr
-    r = subprocess.run([sys.executable, "-m", "g4rt.bench.compile_report", "--head-dim", "512", "--page", "160",
-                        "--q-heads", "32", "--kv-heads", "4"], capture_output=True, text=True, timeout=120,
-                       env={**env, "TRITON_INTERPRET": "1"})
+    r = run(*FULL, interpret=True)
     assert r.returncode == 2 and "TRITON_INTERPRET is set" in r.stderr
