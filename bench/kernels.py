@@ -102,7 +102,9 @@ PREFILL_SWEEP = {
                 # the interior tiles by tensor-memory copies (kv_descriptors; the default takes them)
                 + [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v, interior=True, tma=True)
                    for r, n, w, st, v in [(128, 32, 8, 2, 2), (128, 32, 8, 3, 2), (64, 32, 8, 3, 2),
-                                          (64, 32, 4, 3, 2), (64, 32, 8, 2, 1)]],
+                                          (64, 32, 4, 3, 2), (64, 32, 8, 2, 1)]]
+                # the Gluon kernel (plugins/gluon_attention.py: 64 rows, both matmuls over two warpgroups)
+                + [dict(wgmma=True)],
     "31B-sliding": [dict(rows=r, block_n=n, num_warps=w, num_stages=st, dv_split=v)
                     for r, n, w, st, v in [(128, 32, 8, 3, 1), (128, 64, 4, 2, 1), (64, 64, 4, 3, 1),
                                            (128, 128, 8, 1, 1), (128, 64, 8, 2, 2)]]
@@ -478,6 +480,8 @@ def main(argv=None):
     ap.add_argument("--prefill-only", action="store_true",
                     help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
     ap.add_argument("--layers", default="31B-full,31B-sliding", help="the layers --prefill-only runs")
+    ap.add_argument("--configs", help="a JSON list of tile configs --prefill-only runs after each layer's default, "
+                                      "in place of PREFILL_SWEEP, e.g. '[{\"wgmma\": true}]'")
     ap.add_argument("--decode-short", action="store_true",
                     help=f"only batch-1 decode of {', '.join(SHORT_LAYERS)} at short context, split counts "
                          f"forced to {SHORT_SPLITS} (what decode_splits' shortest run should be)")
@@ -513,7 +517,7 @@ def main(argv=None):
     if args.prefill_only:
         for layer in args.layers.split(","):
             guarded(res, "prefill", prefill_case, layer, 8192, 8192, peak)
-            for cfg in PREFILL_SWEEP[layer]:
+            for cfg in (json.loads(args.configs) if args.configs else PREFILL_SWEEP[layer]):
                 guarded(res, "prefill_sweep", prefill_case, layer, 8192, 8192, peak, config=cfg)
         return _write(res, args.out, t_start)
     if args.decode_short:

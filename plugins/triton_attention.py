@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from . import gluon_attention
 from .buckets import pow2_bucket
 
 
@@ -328,6 +329,17 @@ def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> b
             and page_size % cfg["block_n"] == 0)
 
 
+def takes_wgmma(cfg: dict, q: torch.Tensor, arena: torch.Tensor, num_kv_heads: int, decode: bool, window_left: int,
+                page_size: int) -> bool:
+    """Whether a launch goes to the Gluon kernel (gluon_attention.py): asked (`wgmma`), a prefill without a
+    window, 2-byte K/V of the query's dtype, head dim 512 (the two warpgroups' 256 output columns each), a group
+    of at most its 64 rows, a page its key tile divides, on a Hopper GPU (Gluon has no interpreter: CPU runs take this module's kernel)."""
+    return (bool(cfg.get("wgmma")) and not decode and window_left < 0 and q.shape[2] == 512
+            and q.dtype in (torch.bfloat16, torch.float16) and arena.dtype == q.dtype
+            and q.shape[1] // num_kv_heads <= gluon_attention.ROWS.value and page_size % gluon_attention.BLOCK_N == 0
+            and hopper(q.device) and not interpreting())
+
+
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                       num_splits: int, fp32: bool, copies: bool) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
@@ -406,6 +418,11 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if dv_split < 1 or D % dv_split or (D // dv_split) < 16 or (dv_split > 1 and num_splits > 1):
         raise ValueError(f"dv_split must divide head_dim {D} into parts >= 16 and needs one split, got "
                          f"dv_split={dv_split}, num_splits={num_splits}")
+    if takes_wgmma(cfg, q, arena, HKV, is_decode, window_left, page_size):
+        descs = gluon_attention.descriptors(arena, k_offset, v_offset, page_size, HKV, D)
+        if descs is not None:
+            return gluon_attention.prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,
+                                                     v_offset, page_size, HKV, scale, out, descs)
     descs = None
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)

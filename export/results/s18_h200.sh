@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# H200 calls of session 18, a fresh process per arm, arms alternated. One PART per call:
+#
+#   gluon  the Gluon head-dim-512 prefill kernel (plugins/gluon_attention.py): its tests on the GPU
+#          (tests/test_plugins_gluon.py: poisoned arenas against the reference and the Triton kernel), then the
+#          31B full layer's 8k chunk, the default (Triton) tile against `wgmma`, three processes alternated
+#          (`bench.kernels --prefill-only --layers 31B-full --configs '[{"wgmma": true}]'`).
+#
+#     bash export/results/s18_h200.sh PART [budget_s]       # default 570 s; results under $OUT
+PART=${1:?PART: gluon}
+BUDGET=${2:-570}
+TAG=s18-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  gluon)
+    run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
+    cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
+    for rep in 1 2 3; do
+      run_part prefill_$rep 100 python3 -m g4rt.bench.kernels --out "$OUT/p$rep" --prefill-only --layers 31B-full \
+        --configs '[{"wgmma": true}]'
+      cp "$OUT/p$rep/results.json" "$OUT/prefill_d512_$rep.json" 2>/dev/null; rm -rf "$OUT/p$rep"
+    done
+    ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
