@@ -43,30 +43,29 @@ TAIL_COLS = gl.constexpr(128)  # columns of K and V the partial tile's loads tak
 
 
 @gluon.jit
-def _scores_to_probs(s, m_i, l_i, qk_scale, kn, pos):
-    """One key tile's online-softmax step on its scores `s` [ROWS, BLOCK_N] (causal mask by position):
-    returns P (unnormalised), the accumulator's rescale, and the new running max and sum."""
+def _softmax(s, m_i, l_i, qk_scale, kn, pos):
+    """One key tile's online-softmax step on its scores `s` [ROWS, BLOCK_N], causal mask by position: returns P
+    (unnormalised), the accumulator's rescale, the new running max, and the running sums, kept per column
+    ([ROWS, BLOCK_N]: no cross-warp sum per tile; the caller adds the columns at the end). A tile past the
+    row's keys (the loop's lookahead past the last) is all masked and changes nothing."""
     s = gl.where(kn[None, :] <= pos[:, None], s * qk_scale, float("-inf"))
     m_new = gl.maximum(m_i, gl.max(s, 1))
     m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
     p = gl.exp2(s - m_safe[:, None])
     alpha = gl.exp2(m_i - m_safe)
-    return p, alpha, m_new, l_i * alpha + gl.sum(p, 1)
+    return p, alpha, m_new, l_i * alpha[:, None] + p
 
 
 @gluon.jit
-def _issue_copies(j, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, v_desc, k_smem, v_smem, k_bar,
-                  v_bar, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Ask the copy engine for key tile j's K and V (into ring slot j % STAGES); nothing when j >= n_full."""
+def _issue_copy(j, n_full, k_lo, b, h, first, table_ptr, table_stride, desc, ring, bars, D: gl.constexpr,
+                PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Ask the copy engine for key tile j of `desc` (K or V) into ring slot j % STAGES; nothing when j >= n_full."""
     ok = j < n_full
     start = k_lo + j * BLOCK_N
     page = gl.load(table_ptr + b * table_stride + (start // PAGE - first), mask=ok, other=0)
     st = j % STAGES
-    nbytes: gl.constexpr = BLOCK_N * D * 2
-    mbarrier.expect(k_bar.index(st), nbytes, pred=ok)
-    _tma_load(k_desc, [page, start % PAGE, h * D], k_bar.index(st), k_smem.index(st), pred=ok)
-    mbarrier.expect(v_bar.index(st), nbytes, pred=ok)
-    _tma_load(v_desc, [page, start % PAGE, h * D], v_bar.index(st), v_smem.index(st), pred=ok)
+    mbarrier.expect(bars.index(st), BLOCK_N * D * 2, pred=ok)
+    _tma_load(desc, [page, start % PAGE, h * D], bars.index(st), ring.index(st), pred=ok)
 
 
 @gluon.jit
@@ -93,7 +92,7 @@ def _load_partial(k_dst, v_dst, start, kv_len, b, h, first, arena_ptr, k_offset,
 def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale, k_offset,
                     v_offset, stride_frame, table_stride, k_desc, v_desc,
                     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
     BLOCK_Q: gl.constexpr = ROWS // GP
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, BLOCK_N // 2, 16])
@@ -132,7 +131,7 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
 
     k_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_shared)
     v_smem = gl.allocate_shared_memory(dtype, [STAGES, BLOCK_N, D], kv_shared)
-    p_smem = gl.allocate_shared_memory(dtype, [ROWS, BLOCK_N], p_shared)
+    p_smem = gl.allocate_shared_memory(dtype, [2, ROWS, BLOCK_N], p_shared)
     k_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     v_bar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(STAGES):
@@ -152,8 +151,10 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     n_off = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
     for i in gl.static_range(STAGES):
-        _issue_copies(i, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, v_desc, k_smem, v_smem,
-                      k_bar, v_bar, D, PAGE, BLOCK_N, STAGES)
+        _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N,
+                    STAGES)
+        _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N,
+                    STAGES)
     if n_full == 0 and n_tiles > 0:  # a sequence shorter than a tile
         _load_partial(k_smem.index(0), v_smem.index(0), k_lo, kv_len, b, h, first, arena_ptr, k_offset, v_offset,
                       stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
@@ -161,42 +162,79 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     _sync()
 
     m_i = gl.full([ROWS], float("-inf"), gl.float32, s_rows)
-    l_i = gl.zeros([ROWS], gl.float32, s_rows)
+    l_i = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
     acc = gl.zeros([ROWS, D], gl.float32, o_layout)
     s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, s_layout)
 
     # Tile j sits in ring slot j % STAGES: whole tiles by copies (barriers), the partial one (j == n_full) by
-    # loads just before its scores are issued. Each step issues the next tile's scores (asynchronously) before
-    # this tile's softmax, so the tensor cores work while it runs; past the last tile they read a slot that
-    # holds no tile and are never used.
+    # loads just before its scores are issued. A K slot is free once its tile's scores are done, a step before
+    # its V slot, and its next copy is issued then. Lookahead past the last tile reads a slot that holds no
+    # tile, and its all-masked softmax changes nothing.
     mbarrier.wait(k_bar.index(0), 0, pred=n_full > 0)
     s_cur = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_cur = warpgroup_mma_wait(0, deps=(s_cur, ))
-    for j in range(n_tiles):
-        st = j % STAGES
-        nxt = j + 1
-        if nxt == n_full and n_full < n_tiles:
-            _load_partial(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len,
-                          b, h, first, arena_ptr, k_offset, v_offset, stride_frame, table_ptr, table_stride, HKV, D,
-                          PAGE, BLOCK_N, ld_layout)
+    _sync()
+    _issue_copy(STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE,
+                BLOCK_N, STAGES)
+    if OVERLAP:
+        # Per step j: tile j+1's scores and P_j (in p_smem[j % 2]) times V_j go to the tensor cores back to back;
+        # tile j+1's softmax runs once its scores are done, while P_j V_j still runs.
+        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + n_off, pos)
+        p_smem.index(0).store(p.to(dtype))
+        for j in range(n_tiles):
+            st = j % STAGES
+            nxt = j + 1
+            if nxt == n_full and n_full < n_tiles:
+                _load_partial(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len,
+                              b, h, first, arena_ptr, k_offset, v_offset, stride_frame, table_ptr, table_stride, HKV,
+                              D, PAGE, BLOCK_N, ld_layout)
+            fence_async_shared()
+            _sync()  # P_j whole in p_smem from both warpgroups (and a partial tile's loads)
+            mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
+            s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            mbarrier.wait(v_bar.index(st), (j // STAGES) & 1, pred=j < n_full)
+            acc = warpgroup_mma(p_smem.index(j % 2), v_smem.index(st), acc, is_async=True)
+            s_next = warpgroup_mma_wait(1, deps=(s_next, ))
+            p, alpha, m_i, l_i = _softmax(s_next, m_i, l_i, qk_scale, k_lo + nxt * BLOCK_N + n_off, pos)
+            p_smem.index(nxt % 2).store(p.to(dtype))
+            acc = warpgroup_mma_wait(0, deps=(acc, ))
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem[j % 2]
+            _issue_copy(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
+                        PAGE, BLOCK_N, STAGES)
+            _issue_copy(j + STAGES + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
+                        D, PAGE, BLOCK_N, STAGES)
+    else:
+        # Per step j: tile j+1's scores are issued before tile j's softmax, so the tensor cores work while it runs.
+        for j in range(n_tiles):
+            st = j % STAGES
+            nxt = j + 1
+            if nxt == n_full and n_full < n_tiles:
+                _load_partial(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len,
+                              b, h, first, arena_ptr, k_offset, v_offset, stride_frame, table_ptr, table_stride, HKV,
+                              D, PAGE, BLOCK_N, ld_layout)
+                fence_async_shared()
+                _sync()
+            mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
+            s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                                   is_async=True)
+            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + j * BLOCK_N + n_off, pos)
+            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+            p_smem.index(0).store(p.to(dtype))
             fence_async_shared()
             _sync()
-        mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
-        s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                               is_async=True)
-        p, alpha, m_i, l_i = _scores_to_probs(s_cur, m_i, l_i, qk_scale, k_lo + j * BLOCK_N + n_off, pos)
-        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        p_smem.store(p.to(dtype))
-        fence_async_shared()
-        _sync()
-        mbarrier.wait(v_bar.index(st), (j // STAGES) & 1, pred=j < n_full)
-        acc = warpgroup_mma(p_smem, v_smem.index(st), acc, is_async=True)
-        s_next, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
-        s_cur = s_next
-        _sync()  # both warpgroups are done with slot st and with p_smem
-        _issue_copies(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, v_desc, k_smem,
-                      v_smem, k_bar, v_bar, D, PAGE, BLOCK_N, STAGES)
+            mbarrier.wait(v_bar.index(st), (j // STAGES) & 1, pred=j < n_full)
+            acc = warpgroup_mma(p_smem.index(0), v_smem.index(st), acc, is_async=True)
+            s_next, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
+            s_cur = s_next
+            _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem
+            _issue_copy(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
+                        PAGE, BLOCK_N, STAGES)
+            _issue_copy(j + STAGES + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
+                        D, PAGE, BLOCK_N, STAGES)
 
+    l_i = gl.sum(l_i, 1)
     for i in gl.static_range(STAGES):
         mbarrier.invalidate(k_bar.index(i))
         mbarrier.invalidate(v_bar.index(i))
@@ -232,7 +270,7 @@ def descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: in
 
 
 def prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
-                      scale, out, descs) -> torch.Tensor:
+                      scale, out, descs, overlap=1) -> torch.Tensor:
     """Launch over the prefill grid (query tiles x sequences x KV heads), as the Triton kernel's."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
@@ -242,5 +280,6 @@ def prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,
     _prefill_kernel[grid](q, arena, cu_q, kv_lens, page_table, first_page, out, float(scale), int(k_offset),
                           int(v_offset), arena.stride(0), page_table.stride(0), *descs, HQ=HQ, HKV=num_kv_heads,
                           G=group, GP=gp, D=D, PAGE=int(page_size), BLOCK_N=BLOCK_N, STAGES=STAGES,
+                          OVERLAP=overlap,
                           num_warps=NUM_WARPS.value)
     return out

@@ -422,7 +422,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         descs = gluon_attention.descriptors(arena, k_offset, v_offset, page_size, HKV, D)
         if descs is not None:
             return gluon_attention.prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,
-                                                     v_offset, page_size, HKV, scale, out, descs)
+                                                     v_offset, page_size, HKV, scale, out, descs,
+                                                     **(cfg["wgmma"] if isinstance(cfg["wgmma"], dict) else {}))
     descs = None
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)

@@ -6,8 +6,13 @@
 #          31B full layer's 8k chunk, the default (Triton) tile against `wgmma`, three processes alternated
 #          (`bench.kernels --prefill-only --layers 31B-full --configs '[{"wgmma": true}]'`).
 #
+#   gvar   the Gluon kernel's options (prefill_attention's keywords), the tests with the defaults first, then the
+#          8k chunk of `gluon` for the default tile and each option set of $GVAR (a JSON list), three processes.
+#          Call 2 ran k_ahead / row_sums / lazy (since folded in: k_ahead and row_sums kept, lazy dropped),
+#          call 3 overlap 0 / 1.
+#
 #     bash export/results/s18_h200.sh PART [budget_s]       # default 570 s; results under $OUT
-PART=${1:?PART: gluon}
+PART=${1:?PART: gluon or gvar}
 BUDGET=${2:-570}
 TAG=s18-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -19,6 +24,16 @@ case $PART in
     for rep in 1 2 3; do
       run_part prefill_$rep 100 python3 -m g4rt.bench.kernels --out "$OUT/p$rep" --prefill-only --layers 31B-full \
         --configs '[{"wgmma": true}]'
+      cp "$OUT/p$rep/results.json" "$OUT/prefill_d512_$rep.json" 2>/dev/null; rm -rf "$OUT/p$rep"
+    done
+    ;;
+  gvar)
+    run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
+    cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
+    v=${GVAR:-'[{"wgmma": {"overlap": 0}}, {"wgmma": {"overlap": 1}}]'}
+    for rep in 1 2 3; do
+      run_part prefill_$rep 100 python3 -m g4rt.bench.kernels --out "$OUT/p$rep" --prefill-only --layers 31B-full \
+        --configs "$v"
       cp "$OUT/p$rep/results.json" "$OUT/prefill_d512_$rep.json" 2>/dev/null; rm -rf "$OUT/p$rep"
     done
     ;;
