@@ -69,12 +69,11 @@ def _issue_copy(j, n_full, k_lo, b, h, first, table_ptr, table_stride, desc, rin
 
 
 @gluon.jit
-def _load_partial(k_dst, v_dst, start, kv_len, b, h, first, arena_ptr, k_offset, v_offset, stride_frame, table_ptr,
-                  table_stride, HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
-                  layout: gl.constexpr):
-    """The key tile at `start` that holds the sequence's last key, by masked element loads into k_dst / v_dst:
-    zeros past kv_len, so a page's unwritten tail never reaches a matmul. By column slabs (a whole [BLOCK_N,
-    D] load would spill). The caller fences and syncs before a matmul reads them."""
+def _load_partial(dst, start, kv_len, b, h, first, arena_ptr, offset, stride_frame, table_ptr, table_stride,
+                  HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+    """The key tile at `start` that holds the sequence's last key, K or V (the layer's `offset`), by masked
+    element loads into `dst`: zeros past kv_len, so a page's unwritten tail never reaches a matmul. By column
+    slabs (a whole [BLOCK_N, D] load would spill). The caller fences and syncs before a matmul reads it."""
     kn = start + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
     k_ok = kn < kv_len
     frame = gl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
@@ -82,17 +81,16 @@ def _load_partial(k_dst, v_dst, start, kv_len, b, h, first, arena_ptr, k_offset,
     dc = gl.arange(0, TAIL_COLS, layout=gl.SliceLayout(0, layout))
     for c in gl.static_range(D // TAIL_COLS):
         cols = base[:, None] + (c * TAIL_COLS + dc)[None, :]
-        k_dst.slice(c * TAIL_COLS, TAIL_COLS, dim=1).store(
-            gl.load(arena_ptr + k_offset + cols, mask=k_ok[:, None], other=0.0))
-        v_dst.slice(c * TAIL_COLS, TAIL_COLS, dim=1).store(
-            gl.load(arena_ptr + v_offset + cols, mask=k_ok[:, None], other=0.0))
+        dst.slice(c * TAIL_COLS, TAIL_COLS, dim=1).store(
+            gl.load(arena_ptr + offset + cols, mask=k_ok[:, None], other=0.0))
 
 
 @gluon.jit
 def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale, k_offset,
                     v_offset, stride_frame, table_stride, k_desc, v_desc,
                     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, OVERLAP: gl.constexpr):
+                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ONE_SYNC: gl.constexpr,
+                    SKIP_RESCALE: gl.constexpr):
     BLOCK_Q: gl.constexpr = ROWS // GP
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, BLOCK_N // 2, 16])
@@ -153,11 +151,14 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     for i in gl.static_range(STAGES):
         _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N,
                     STAGES)
-        _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N,
-                    STAGES)
+        if i == 0 or not ONE_SYNC:  # ONE_SYNC: the loop's first step asks for V_1
+            _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D, PAGE,
+                        BLOCK_N, STAGES)
     if n_full == 0 and n_tiles > 0:  # a sequence shorter than a tile
-        _load_partial(k_smem.index(0), v_smem.index(0), k_lo, kv_len, b, h, first, arena_ptr, k_offset, v_offset,
-                      stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+        _load_partial(k_smem.index(0), k_lo, kv_len, b, h, first, arena_ptr, k_offset, stride_frame, table_ptr,
+                      table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+        _load_partial(v_smem.index(0), k_lo, kv_len, b, h, first, arena_ptr, v_offset, stride_frame, table_ptr,
+                      table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
     fence_async_shared()
     _sync()
 
@@ -173,62 +174,55 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     mbarrier.wait(k_bar.index(0), 0, pred=n_full > 0)
     s_cur = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_cur = warpgroup_mma_wait(0, deps=(s_cur, ))
-    _sync()
-    _issue_copy(STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE,
-                BLOCK_N, STAGES)
-    if OVERLAP:
-        # Per step j: tile j+1's scores and P_j (in p_smem[j % 2]) times V_j go to the tensor cores back to back;
-        # tile j+1's softmax runs once its scores are done, while P_j V_j still runs.
-        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + n_off, pos)
-        p_smem.index(0).store(p.to(dtype))
-        for j in range(n_tiles):
-            st = j % STAGES
-            nxt = j + 1
-            if nxt == n_full and n_full < n_tiles:
-                _load_partial(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len,
-                              b, h, first, arena_ptr, k_offset, v_offset, stride_frame, table_ptr, table_stride, HKV,
-                              D, PAGE, BLOCK_N, ld_layout)
+    if not ONE_SYNC:  # ONE_SYNC: the loop's first step asks for K_2
+        _sync()
+        _issue_copy(STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE,
+                    BLOCK_N, STAGES)
+    # Per step j: tile j+1's scores and P_j (in p_smem[j % 2]) times V_j go to the tensor cores back to back;
+    # tile j+1's softmax runs once its scores are done, while P_j V_j still runs.
+    p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + n_off, pos)
+    p_smem.index(0).store(p.to(dtype))
+    for j in range(n_tiles):
+        st = j % STAGES
+        nxt = j + 1
+        partial = nxt == n_full and n_full < n_tiles
+        if ONE_SYNC:
+            if partial:  # its K slot was last read by tile j-1's scores, done by both before step j-1's sync
+                _load_partial(k_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
+                              k_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+            fence_async_shared()
+            _sync()  # P_j whole from both warpgroups; both are done with step j-1: V slot (j-1) % S, K slot j % S
+            _issue_copy(j + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
+                        PAGE, BLOCK_N, STAGES)
+            _issue_copy(j + 2, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
+                        D, PAGE, BLOCK_N, STAGES)
+            if partial:  # read by P_{j+1} V_{j+1}, after step j+1's fence and sync
+                _load_partial(v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
+                              v_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+        else:
+            if partial:
+                _load_partial(k_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
+                              k_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+                _load_partial(v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
+                              v_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
             fence_async_shared()
             _sync()  # P_j whole in p_smem from both warpgroups (and a partial tile's loads)
-            mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
-            s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            mbarrier.wait(v_bar.index(st), (j // STAGES) & 1, pred=j < n_full)
-            acc = warpgroup_mma(p_smem.index(j % 2), v_smem.index(st), acc, is_async=True)
-            s_next = warpgroup_mma_wait(1, deps=(s_next, ))
-            p, alpha, m_i, l_i = _softmax(s_next, m_i, l_i, qk_scale, k_lo + nxt * BLOCK_N + n_off, pos)
-            p_smem.index(nxt % 2).store(p.to(dtype))
-            acc = warpgroup_mma_wait(0, deps=(acc, ))
+        mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
+        s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
+                               is_async=True)
+        mbarrier.wait(v_bar.index(st), (j // STAGES) & 1, pred=j < n_full)
+        acc = warpgroup_mma(p_smem.index(j % 2), v_smem.index(st), acc, is_async=True)
+        s_next = warpgroup_mma_wait(1, deps=(s_next, ))
+        p, alpha, m_i, l_i = _softmax(s_next, m_i, l_i, qk_scale, k_lo + nxt * BLOCK_N + n_off, pos)
+        p_smem.index(nxt % 2).store(p.to(dtype))
+        acc = warpgroup_mma_wait(0, deps=(acc, ))
+        if SKIP_RESCALE:  # exact: a max that did not move rescales by 1
+            if gl.min(alpha, 0) < 1.0:
+                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        else:
             acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        if not ONE_SYNC:
             _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem[j % 2]
-            _issue_copy(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
-                        PAGE, BLOCK_N, STAGES)
-            _issue_copy(j + STAGES + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
-                        D, PAGE, BLOCK_N, STAGES)
-    else:
-        # Per step j: tile j+1's scores are issued before tile j's softmax, so the tensor cores work while it runs.
-        for j in range(n_tiles):
-            st = j % STAGES
-            nxt = j + 1
-            if nxt == n_full and n_full < n_tiles:
-                _load_partial(k_smem.index(nxt % STAGES), v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len,
-                              b, h, first, arena_ptr, k_offset, v_offset, stride_frame, table_ptr, table_stride, HKV,
-                              D, PAGE, BLOCK_N, ld_layout)
-                fence_async_shared()
-                _sync()
-            mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
-            s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
-                                   is_async=True)
-            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + j * BLOCK_N + n_off, pos)
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-            p_smem.index(0).store(p.to(dtype))
-            fence_async_shared()
-            _sync()
-            mbarrier.wait(v_bar.index(st), (j // STAGES) & 1, pred=j < n_full)
-            acc = warpgroup_mma(p_smem.index(0), v_smem.index(st), acc, is_async=True)
-            s_next, acc = warpgroup_mma_wait(0, deps=(s_next, acc))
-            s_cur = s_next
-            _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem
             _issue_copy(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
                         PAGE, BLOCK_N, STAGES)
             _issue_copy(j + STAGES + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
@@ -270,7 +264,7 @@ def descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: in
 
 
 def prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
-                      scale, out, descs, overlap=1) -> torch.Tensor:
+                      scale, out, descs, one_sync=1, skip_rescale=0) -> torch.Tensor:
     """Launch over the prefill grid (query tiles x sequences x KV heads), as the Triton kernel's."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
@@ -280,6 +274,6 @@ def prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,
     _prefill_kernel[grid](q, arena, cu_q, kv_lens, page_table, first_page, out, float(scale), int(k_offset),
                           int(v_offset), arena.stride(0), page_table.stride(0), *descs, HQ=HQ, HKV=num_kv_heads,
                           G=group, GP=gp, D=D, PAGE=int(page_size), BLOCK_N=BLOCK_N, STAGES=STAGES,
-                          OVERLAP=overlap,
+                          ONE_SYNC=one_sync, SKIP_RESCALE=skip_rescale,
                           num_warps=NUM_WARPS.value)
     return out

@@ -9,7 +9,7 @@
 #   gvar   the Gluon kernel's options (prefill_attention's keywords), the tests with the defaults first, then the
 #          8k chunk of `gluon` for the default tile and each option set of $GVAR (a JSON list), three processes.
 #          Call 2 ran k_ahead / row_sums / lazy (since folded in: k_ahead and row_sums kept, lazy dropped),
-#          call 3 overlap 0 / 1.
+#          call 3 overlap 0 / 1 (since folded in: overlap kept), call 4 one_sync 0 / 1 and skip_rescale.
 #
 #     bash export/results/s18_h200.sh PART [budget_s]       # default 570 s; results under $OUT
 PART=${1:?PART: gluon or gvar}
@@ -30,7 +30,7 @@ case $PART in
   gvar)
     run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
     cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
-    v=${GVAR:-'[{"wgmma": {"overlap": 0}}, {"wgmma": {"overlap": 1}}]'}
+    v=${GVAR:-'[{"wgmma": {"one_sync": 0}}, {"wgmma": {"one_sync": 1}}, {"wgmma": {"one_sync": 1, "skip_rescale": 1}}]'}
     for rep in 1 2 3; do
       run_part prefill_$rep 100 python3 -m g4rt.bench.kernels --out "$OUT/p$rep" --prefill-only --layers 31B-full \
         --configs "$v"
