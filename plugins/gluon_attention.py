@@ -57,15 +57,20 @@ def _softmax(s, m_i, l_i, qk_scale, kn, pos):
 
 
 @gluon.jit
-def _issue_copy(j, n_full, k_lo, b, h, first, table_ptr, table_stride, desc, ring, bars, D: gl.constexpr,
-                PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Ask the copy engine for key tile j of `desc` (K or V) into ring slot j % STAGES; nothing when j >= n_full."""
+def _page_of(j, n_full, k_lo, b, first, table_ptr, table_stride, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
+    """The frame of key tile j's page (0 past the whole tiles: its copy is never issued)."""
+    return gl.load(table_ptr + b * table_stride + ((k_lo + j * BLOCK_N) // PAGE - first), mask=j < n_full, other=0)
+
+
+@gluon.jit
+def _issue_copy(j, page, n_full, k_lo, h, desc, ring, bars, D: gl.constexpr, PAGE: gl.constexpr,
+                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Ask the copy engine for key tile j of `desc` (K or V; `page`: its frame) into ring slot j % STAGES;
+    nothing when j >= n_full."""
     ok = j < n_full
-    start = k_lo + j * BLOCK_N
-    page = gl.load(table_ptr + b * table_stride + (start // PAGE - first), mask=ok, other=0)
     st = j % STAGES
     mbarrier.expect(bars.index(st), BLOCK_N * D * 2, pred=ok)
-    _tma_load(desc, [page, start % PAGE, h * D], bars.index(st), ring.index(st), pred=ok)
+    _tma_load(desc, [page, (k_lo + j * BLOCK_N) % PAGE, h * D], bars.index(st), ring.index(st), pred=ok)
 
 
 @gluon.jit
@@ -86,11 +91,10 @@ def _load_partial(dst, start, kv_len, b, h, first, arena_ptr, offset, stride_fra
 
 
 @gluon.jit
-def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale, k_offset,
+def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale, k_offset,
                     v_offset, stride_frame, table_stride, k_desc, v_desc,
                     HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, ONE_SYNC: gl.constexpr,
-                    SKIP_RESCALE: gl.constexpr):
+                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PREFETCH_PAGES: gl.constexpr):
     BLOCK_Q: gl.constexpr = ROWS // GP
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, BLOCK_N // 2, 16])
@@ -149,11 +153,9 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     n_off = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
     for i in gl.static_range(STAGES):
-        _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N,
-                    STAGES)
-        if i == 0 or not ONE_SYNC:  # ONE_SYNC: the loop's first step asks for V_1
-            _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D, PAGE,
-                        BLOCK_N, STAGES)
+        page = _page_of(i, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
+        _issue_copy(i, page, n_full, k_lo, h, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N, STAGES)
+        _issue_copy(i, page, n_full, k_lo, h, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N, STAGES)
     if n_full == 0 and n_tiles > 0:  # a sequence shorter than a tile
         _load_partial(k_smem.index(0), k_lo, kv_len, b, h, first, arena_ptr, k_offset, stride_frame, table_ptr,
                       table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
@@ -174,10 +176,9 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     mbarrier.wait(k_bar.index(0), 0, pred=n_full > 0)
     s_cur = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_cur = warpgroup_mma_wait(0, deps=(s_cur, ))
-    if not ONE_SYNC:  # ONE_SYNC: the loop's first step asks for K_2
-        _sync()
-        _issue_copy(STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE,
-                    BLOCK_N, STAGES)
+    _sync()
+    _issue_copy(STAGES, _page_of(STAGES, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N), n_full,
+                k_lo, h, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N, STAGES)
     # Per step j: tile j+1's scores and P_j (in p_smem[j % 2]) times V_j go to the tensor cores back to back;
     # tile j+1's softmax runs once its scores are done, while P_j V_j still runs.
     p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + n_off, pos)
@@ -185,28 +186,16 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
     for j in range(n_tiles):
         st = j % STAGES
         nxt = j + 1
-        partial = nxt == n_full and n_full < n_tiles
-        if ONE_SYNC:
-            if partial:  # its K slot was last read by tile j-1's scores, done by both before step j-1's sync
-                _load_partial(k_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
-                              k_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
-            fence_async_shared()
-            _sync()  # P_j whole from both warpgroups; both are done with step j-1: V slot (j-1) % S, K slot j % S
-            _issue_copy(j + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
-                        PAGE, BLOCK_N, STAGES)
-            _issue_copy(j + 2, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
-                        D, PAGE, BLOCK_N, STAGES)
-            if partial:  # read by P_{j+1} V_{j+1}, after step j+1's fence and sync
-                _load_partial(v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
-                              v_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
-        else:
-            if partial:
-                _load_partial(k_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
-                              k_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
-                _load_partial(v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
-                              v_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
-            fence_async_shared()
-            _sync()  # P_j whole in p_smem from both warpgroups (and a partial tile's loads)
+        if PREFETCH_PAGES:  # the page-table loads of this step's copies, early: their latency under the matmuls
+            page_v = _page_of(j + STAGES, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
+            page_k = _page_of(j + STAGES + 1, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
+        if nxt == n_full and n_full < n_tiles:
+            _load_partial(k_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
+                          k_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+            _load_partial(v_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
+                          v_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
+        fence_async_shared()
+        _sync()  # P_j whole in p_smem from both warpgroups (and a partial tile's loads)
         mbarrier.wait(k_bar.index(nxt % STAGES), (nxt // STAGES) & 1, pred=nxt < n_full)
         s_next = warpgroup_mma(q_smem, k_smem.index(nxt % STAGES).permute((1, 0)), s_zero, use_acc=False,
                                is_async=True)
@@ -216,17 +205,13 @@ def _prefill_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_pt
         p, alpha, m_i, l_i = _softmax(s_next, m_i, l_i, qk_scale, k_lo + nxt * BLOCK_N + n_off, pos)
         p_smem.index(nxt % 2).store(p.to(dtype))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
-        if SKIP_RESCALE:  # exact: a max that did not move rescales by 1
-            if gl.min(alpha, 0) < 1.0:
-                acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        else:
-            acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        if not ONE_SYNC:
-            _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem[j % 2]
-            _issue_copy(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D,
-                        PAGE, BLOCK_N, STAGES)
-            _issue_copy(j + STAGES + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar,
-                        D, PAGE, BLOCK_N, STAGES)
+        acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
+        if not PREFETCH_PAGES:
+            page_v = _page_of(j + STAGES, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
+            page_k = _page_of(j + STAGES + 1, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
+        _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem[j % 2]
+        _issue_copy(j + STAGES, page_v, n_full, k_lo, h, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N, STAGES)
+        _issue_copy(j + STAGES + 1, page_k, n_full, k_lo, h, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N, STAGES)
 
     l_i = gl.sum(l_i, 1)
     for i in gl.static_range(STAGES):
@@ -264,16 +249,16 @@ def descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: in
 
 
 def prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
-                      scale, out, descs, one_sync=1, skip_rescale=0) -> torch.Tensor:
+                      scale, out, descs, prefetch_pages=1) -> torch.Tensor:
     """Launch over the prefill grid (query tiles x sequences x KV heads), as the Triton kernel's."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
     group = HQ // num_kv_heads
     gp = triton.next_power_of_2(group)
     grid = (triton.cdiv(T - B + 1, ROWS.value // gp), B, num_kv_heads)
-    _prefill_kernel[grid](q, arena, cu_q, kv_lens, page_table, first_page, out, float(scale), int(k_offset),
+    _paged_attn_wgmma_kernel[grid](q, arena, cu_q, kv_lens, page_table, first_page, out, float(scale), int(k_offset),
                           int(v_offset), arena.stride(0), page_table.stride(0), *descs, HQ=HQ, HKV=num_kv_heads,
                           G=group, GP=gp, D=D, PAGE=int(page_size), BLOCK_N=BLOCK_N, STAGES=STAGES,
-                          ONE_SYNC=one_sync, SKIP_RESCALE=skip_rescale,
+                          PREFETCH_PAGES=prefetch_pages,
                           num_warps=NUM_WARPS.value)
     return out

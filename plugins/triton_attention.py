@@ -263,11 +263,14 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
     2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355 TFLOP/s
     (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
-    plugins/results/results.md). D=512: 128x32/8 warps/2 stages with the output columns cut in two
-    (dv_split 2), the unmasked interior and its tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %;
-    10.49 ms, 11.22 with element loads; plugins/results, session 17), the best tried: the 32-key tiles
-    leave room for a second stage beside the 128 KB Q tile, where 64-key tiles fit one (11.67 ms, masked;
-    with one stage the interior makes the kernel slower, 64x32: 25.5 ms with it, 14.8 ms without).
+    plugins/results/results.md). D=512 on a Hopper GPU: the Gluon kernel (`wgmma`, gluon_attention.py: 64
+    rows over two warpgroups side by side, nothing computed twice) 337 TFLOP/s (6.53 ms; plugins/results,
+    session 18). Elsewhere (CPU, older GPUs, an arena the copy engine cannot take) this module's kernel:
+    128x32/8 warps/2 stages with the output columns cut in two (dv_split 2), the unmasked interior and its
+    tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %; 10.49 ms, 11.22 with element loads; session
+    17), the best Triton tile tried: the 32-key tiles leave room for a second stage beside the 128 KB Q tile,
+    where 64-key tiles fit one (11.67 ms, masked; with one stage the interior makes the kernel slower,
+    64x32: 25.5 ms with it, 14.8 ms without).
     Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
     unsplit decode at head dim 256 (`splits` 1: a batch with a program per SM or more, e.g. the 31B's
     sliding layers from batch 16) takes 32-key tiles over 2 warps instead: each program reads a few tiles
@@ -288,7 +291,7 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     elif head_dim <= 256:
         cfg = {"rows": 128, "block_n": 64, "num_warps": 8, "num_stages": 2}
     elif elem_bytes <= 2:
-        cfg = {"rows": 128, "block_n": 32, "num_warps": 8, "num_stages": 2, "dv_split": 2, "tma": True}
+        cfg = {"rows": 128, "block_n": 32, "num_warps": 8, "num_stages": 2, "dv_split": 2, "tma": True, "wgmma": True}
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
     cfg["interior"] = decode or head_dim <= 256 or elem_bytes <= 2

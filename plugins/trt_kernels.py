@@ -176,6 +176,7 @@ def attention_tiles(head_dim: int, dtype: str, group: int) -> dict:
         raise ValueError(f"no attention tiles for dtype {dtype!r}; known: {', '.join(ELEM_BYTES)}")
     cfg = {"dv_split": 1, "interior": True, **default_config(head_dim, decode=False, elem_bytes=ELEM_BYTES[dtype])}
     cfg.pop("tma", None)  # the plugin's ABI passes pointers, not copy descriptors
+    cfg.pop("wgmma", None)  # and launches this module's Triton kernel, not the Gluon one
     gp = triton.next_power_of_2(group)
     cfg.update(group_pad=gp, block_q=max(1, cfg["rows"] // gp))
     return cfg

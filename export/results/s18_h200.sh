@@ -9,7 +9,10 @@
 #   gvar   the Gluon kernel's options (prefill_attention's keywords), the tests with the defaults first, then the
 #          8k chunk of `gluon` for the default tile and each option set of $GVAR (a JSON list), three processes.
 #          Call 2 ran k_ahead / row_sums / lazy (since folded in: k_ahead and row_sums kept, lazy dropped),
-#          call 3 overlap 0 / 1 (since folded in: overlap kept), call 4 one_sync 0 / 1 and skip_rescale.
+#          call 3 overlap 0 / 1 (since folded in: overlap kept), call 4 one_sync 0 / 1 and skip_rescale (both
+#          dropped), call 5 prefetch_pages 0 / 1 beside the Triton kernel (wgmma false; the Gluon kernel is now
+#          the default). Then, with the Gluon kernel the default: the 31B's 8k time to first token with chunks of
+#          2,048 and 8,192 (one process) and the E2B's staggered requests (its full layers take the kernel).
 #
 #     bash export/results/s18_h200.sh PART [budget_s]       # default 570 s; results under $OUT
 PART=${1:?PART: gluon or gvar}
@@ -30,12 +33,19 @@ case $PART in
   gvar)
     run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
     cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
-    v=${GVAR:-'[{"wgmma": {"one_sync": 0}}, {"wgmma": {"one_sync": 1}}, {"wgmma": {"one_sync": 1, "skip_rescale": 1}}]'}
+    v=${GVAR:-'[{"wgmma": {"prefetch_pages": 0}}, {"wgmma": {"prefetch_pages": 1}}, {"wgmma": false}]'}
     for rep in 1 2 3; do
       run_part prefill_$rep 100 python3 -m g4rt.bench.kernels --out "$OUT/p$rep" --prefill-only --layers 31B-full \
         --configs "$v"
       cp "$OUT/p$rep/results.json" "$OUT/prefill_d512_$rep.json" 2>/dev/null; rm -rf "$OUT/p$rep"
     done
+    if [ -n "${WITH_ENGINE:-}" ]; then
+      arm new 1 ttft_31b 200 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 8192 \
+        --ttft-chunks 2048,8192 --reps 3 --profile
+      run_part staggered_e2b 100 python3 -m g4rt.bench.engine --config e2b --out "$OUT/s" --skip-hf --batches 1 \
+        --new-tokens 16 --staggered
+      cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"
+    fi
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
