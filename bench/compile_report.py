@@ -1,14 +1,16 @@
-"""The paged attention kernel (plugins/triton_attention.py) compiled for a GPU target on any machine, no GPU
-needed, and what ptxas says of it: registers a thread uses, bytes spilled, shared memory a block asks for;
-`--ir DIR` also writes its TTGIR (where the loop's copies and matmuls sit) and PTX.
+"""The paged attention kernel (plugins/triton_attention.py, or at head dim 512 prefill on Hopper the Gluon one,
+plugins/gluon_attention.py) compiled for a GPU target on any machine, no GPU needed, and what ptxas says of it:
+registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DIR` also writes its TTGIR (where
+the loop's copies and matmuls sit, their layouts) and PTX.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
         [--decode] [--splits 1] [--window] [--dtype bfloat16] [--config '{"num_stages": 3}'] [--arch 90] [--ir DIR]
 
-The launch is `paged_attention`'s: its default_config with `--config` over it, its constexprs, the 16-byte
-divisibility the JIT infers for the pointers and the arena's offsets, the copy descriptors where `tma` holds
-(a prefill without a window whose tile divides the page). The report is the installed Triton's: run it with
-the version the GPU runs (the H200's image: triton 3.6) to read that machine's kernel.
+The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
+shape (`takes_wgmma`; `--config '{"wgmma": false}'` keeps the Triton kernel), its constexprs, the 16-byte
+divisibility the JIT infers for the pointers and the arena's offsets, the copy descriptors where they are
+taken. The report is the installed Triton's: run it with the version the GPU runs (the H200's image: triton
+3.6) to read that machine's kernel.
 """
 from __future__ import annotations
 
@@ -24,6 +26,9 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
 
+from triton.experimental.gluon._runtime import GluonASTSource
+
+from g4rt.plugins import gluon_attention as ga
 from g4rt.plugins import triton_attention as ta
 from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
@@ -33,36 +38,45 @@ ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in ev
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
                      splits: int = 1, window: bool = False, dtype: str = "bfloat16", config: dict | None = None,
                      arch: int = 90) -> dict:
-    """Compile `_paged_attn_kernel` as `paged_attention` would launch it; returns the tiles, whether the copy
-    descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
+    """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
+    where `takes_wgmma` holds (Hopper and later), else `_paged_attn_kernel`; returns which, the tiles, whether
+    the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
     cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits), **(config or {})}
-    dv_split = cfg.get("dv_split", 1)
-    tma = ta.takes_copies(cfg, decode, 0 if window else -1, page)
+    window_left = 0 if window else -1
     t = TRITON_DTYPES[dtype]
-    fn = ta._paged_attn_kernel
-    sig = {name: "i32" for name in fn.arg_names}
-    sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
-               **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")},
-               ws_acc_ptr="*fp32", ws_ml_ptr="*fp32")
-    const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                                 page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
-    const["PDL"] = arch >= 90
-    if tma:
-        sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
-        sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
+    if arch >= 90 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
+        fn, const, tma = ga._paged_attn_wgmma_kernel, ga.launch_constexprs(q_heads, kv_heads, head_dim, page), True
+        sig = {name: "i32" for name in fn.arg_names}
+        desc = f"tensordesc<{t}[1, {ga.BLOCK_N}, {head_dim}],{ga.kv_layout(head_dim)!r}>"
+        sig.update(k_desc=desc, v_desc=desc)
+        source, options = GluonASTSource, {"num_warps": ga.NUM_WARPS.value}
     else:
-        const.update(k_desc=None, v_desc=None)
+        dv_split = cfg.get("dv_split", 1)
+        tma = ta.takes_copies(cfg, decode, window_left, page)
+        fn = ta._paged_attn_kernel
+        sig = {name: "i32" for name in fn.arg_names}
+        sig.update(ws_acc_ptr="*fp32", ws_ml_ptr="*fp32")
+        const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
+        const["PDL"] = arch >= 90
+        if tma:
+            sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
+            sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
+        else:
+            const.update(k_desc=None, v_desc=None)
+        source, options = triton.compiler.ASTSource, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+    sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
+               **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")})
     sig.update({name: "constexpr" for name in const})
     names = list(fn.arg_names)
     aligned = [n for n in names if sig[n].startswith("*")] + list(ALIGNED_INTS)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
-    src = triton.compiler.ASTSource(fn, sig, constexprs=const, attrs=attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", arch, 32),
-                              options={"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]})
+    compiled = triton.compile(source(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", arch, 32),
+                              options=options)
     ptx = compiled.asm["ptx"]
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.ptx")
@@ -72,7 +86,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
                              capture_output=True, text=True, check=True)
     regs = re.search(r"Used (\d+) registers", run.stderr)
     spill = re.search(r"(\d+) bytes spill stores", run.stderr)
-    return {"config": cfg, "tma": tma, "registers": int(regs.group(1)) if regs else None,
+    return {"kernel": fn.__name__, "config": cfg, "tma": tma, "registers": int(regs.group(1)) if regs else None,
             "spill_bytes": int(spill.group(1)) if spill else 0, "shared": compiled.metadata.shared,
             "ttgir": compiled.asm["ttgir"], "ptx": ptx}
 

@@ -10,16 +10,21 @@ columns (64 x 256 fp32, 128 registers a thread). Nothing is computed twice; the 
 shared between the warpgroups through shared memory, and the probabilities go to shared memory as the
 second matmul's left operand.
 
-Per key tile: the next tile's scores are issued (asynchronously) before this tile's softmax, so the tensor
-cores work while it runs; K and V arrive by tensor-memory copies into a ring of `STAGES` buffers with one
-barrier each, issued as soon as the tile two before has been consumed.
+Per key tile j: tile j+1's scores and P_j V_j go to the tensor cores back to back, and tile j+1's softmax runs
+while P_j V_j does (P double-buffered); the running sums are kept per column, so the only cross-warpgroup
+reduction of a tile is its row maximum. K and V arrive by tensor-memory copies into two rings of `STAGES` slots
+with a barrier each; a K slot is refilled as soon as its tile's scores are done, a step before its V slot.
+On the H200 the 31B's 8k chunk of a full layer takes 6.4-6.6 ms (337-343 TFLOP/s, 48-51 % of the bf16 matmul
+rate measured beside it) where the Triton kernel takes 10.4 (plugins/results, session 18). What bounds it: 64
+rows is all the accumulator leaves room for, so every query tile streams its KV head's K and V from L2 (64
+FLOPs a byte); only sharing tiles between CTAs (cluster multicast copies, not in Gluon 3.6) would raise that.
 
-Scope (`supported`): prefill of a layer without a window, 2-byte K/V, a page size the key tile divides, on a
-Hopper GPU (Gluon has no interpreter, so CPU runs and tests take the Triton kernel). Keys at or past the
-sequence's length are never copied: the tile that holds the sequence's last key, when it is partial, is
-loaded by masked element loads (zeros past the end), so a page's unwritten tail, NaN-poisoned in the tests,
-never reaches a matmul. Numerics as the Triton kernel: fp32 scores and softmax in base 2, P cast to the KV
-dtype, fp32 accumulation; the sums run in another order, so bits differ from it (not from run to run).
+Scope (triton_attention.takes_wgmma): prefill of a layer without a window, 2-byte K/V, head dim 512, a page size
+the key tile divides, on a Hopper GPU (Gluon has no interpreter, so CPU runs and tests take the Triton kernel).
+Keys at or past the sequence's length are never copied: the tile that holds the sequence's last key, when it
+is partial, is loaded by masked element loads (zeros past the end), so a page's unwritten tail, NaN-poisoned in
+the tests, never reaches a matmul. Numerics as the Triton kernel: fp32 scores and softmax in base 2, P cast to
+the KV dtype, fp32 accumulation; the sums run in another order, so bits differ from it (not from run to run).
 """
 from __future__ import annotations
 
@@ -40,6 +45,8 @@ _sync = getattr(gl, "thread_barrier", None) or gl.barrier
 ROWS = gl.constexpr(64)  # query rows of a program (tokens x padded group heads): one warpgroup MMA's M
 NUM_WARPS = gl.constexpr(8)  # two warpgroups side by side
 TAIL_COLS = gl.constexpr(128)  # columns of K and V the partial tile's loads take at a time
+BLOCK_N = 32  # keys a tile: two 32 KB slots each of K and V, beside Q's 64 KB, fill the shared memory
+STAGES = 2
 
 
 @gluon.jit
@@ -57,25 +64,21 @@ def _softmax(s, m_i, l_i, qk_scale, kn, pos):
 
 
 @gluon.jit
-def _page_of(j, n_full, k_lo, b, first, table_ptr, table_stride, PAGE: gl.constexpr, BLOCK_N: gl.constexpr):
-    """The frame of key tile j's page (0 past the whole tiles: its copy is never issued)."""
-    return gl.load(table_ptr + b * table_stride + ((k_lo + j * BLOCK_N) // PAGE - first), mask=j < n_full, other=0)
-
-
-@gluon.jit
-def _issue_copy(j, page, n_full, k_lo, h, desc, ring, bars, D: gl.constexpr, PAGE: gl.constexpr,
-                BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
-    """Ask the copy engine for key tile j of `desc` (K or V; `page`: its frame) into ring slot j % STAGES;
-    nothing when j >= n_full."""
+def _issue_copy(j, n_full, k_lo, b, h, first, table_ptr, table_stride, desc, ring, bars, D: gl.constexpr,
+                PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
+    """Ask the copy engine for key tile j of `desc` (K or V) into ring slot j % STAGES; nothing when j >= n_full."""
     ok = j < n_full
+    start = k_lo + j * BLOCK_N
+    page = gl.load(table_ptr + b * table_stride + (start // PAGE - first), mask=ok, other=0)
     st = j % STAGES
     mbarrier.expect(bars.index(st), BLOCK_N * D * 2, pred=ok)
-    _tma_load(desc, [page, (k_lo + j * BLOCK_N) % PAGE, h * D], bars.index(st), ring.index(st), pred=ok)
+    _tma_load(desc, [page, start % PAGE, h * D], bars.index(st), ring.index(st), pred=ok)
 
 
 @gluon.jit
 def _load_partial(dst, start, kv_len, b, h, first, arena_ptr, offset, stride_frame, table_ptr, table_stride,
-                  HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, layout: gl.constexpr):
+                  HKV: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                  layout: gl.constexpr):
     """The key tile at `start` that holds the sequence's last key, K or V (the layer's `offset`), by masked
     element loads into `dst`: zeros past kv_len, so a page's unwritten tail never reaches a matmul. By column
     slabs (a whole [BLOCK_N, D] load would spill). The caller fences and syncs before a matmul reads it."""
@@ -91,10 +94,10 @@ def _load_partial(dst, start, kv_len, b, h, first, arena_ptr, offset, stride_fra
 
 
 @gluon.jit
-def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale, k_offset,
-                    v_offset, stride_frame, table_stride, k_desc, v_desc,
-                    HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, GP: gl.constexpr, D: gl.constexpr,
-                    PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PREFETCH_PAGES: gl.constexpr):
+def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale,
+                             k_offset, v_offset, stride_frame, table_stride, k_desc, v_desc,
+                             HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, GP: gl.constexpr,
+                             D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr):
     BLOCK_Q: gl.constexpr = ROWS // GP
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 2],
                                                        instr_shape=[16, BLOCK_N // 2, 16])
@@ -153,9 +156,10 @@ def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr,
     n_off = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, s_layout))
 
     for i in gl.static_range(STAGES):
-        page = _page_of(i, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
-        _issue_copy(i, page, n_full, k_lo, h, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N, STAGES)
-        _issue_copy(i, page, n_full, k_lo, h, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N, STAGES)
+        _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N,
+                    STAGES)
+        _issue_copy(i, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N,
+                    STAGES)
     if n_full == 0 and n_tiles > 0:  # a sequence shorter than a tile
         _load_partial(k_smem.index(0), k_lo, kv_len, b, h, first, arena_ptr, k_offset, stride_frame, table_ptr,
                       table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
@@ -177,8 +181,8 @@ def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr,
     s_cur = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), s_zero, use_acc=False, is_async=True)
     s_cur = warpgroup_mma_wait(0, deps=(s_cur, ))
     _sync()
-    _issue_copy(STAGES, _page_of(STAGES, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N), n_full,
-                k_lo, h, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N, STAGES)
+    _issue_copy(STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N,
+                STAGES)  # K slot 0 is free once tile 0's scores are done
     # Per step j: tile j+1's scores and P_j (in p_smem[j % 2]) times V_j go to the tensor cores back to back;
     # tile j+1's softmax runs once its scores are done, while P_j V_j still runs.
     p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, qk_scale, k_lo + n_off, pos)
@@ -186,9 +190,6 @@ def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr,
     for j in range(n_tiles):
         st = j % STAGES
         nxt = j + 1
-        if PREFETCH_PAGES:  # the page-table loads of this step's copies, early: their latency under the matmuls
-            page_v = _page_of(j + STAGES, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
-            page_k = _page_of(j + STAGES + 1, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
         if nxt == n_full and n_full < n_tiles:
             _load_partial(k_smem.index(nxt % STAGES), k_lo + nxt * BLOCK_N, kv_len, b, h, first, arena_ptr,
                           k_offset, stride_frame, table_ptr, table_stride, HKV, D, PAGE, BLOCK_N, ld_layout)
@@ -206,12 +207,11 @@ def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr,
         p_smem.index(nxt % 2).store(p.to(dtype))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         acc = acc * gl.convert_layout(alpha, o_rows)[:, None]
-        if not PREFETCH_PAGES:
-            page_v = _page_of(j + STAGES, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
-            page_k = _page_of(j + STAGES + 1, n_full, k_lo, b, first, table_ptr, table_stride, PAGE, BLOCK_N)
         _sync()  # both warpgroups are done with V slot st, K slot nxt % STAGES and p_smem[j % 2]
-        _issue_copy(j + STAGES, page_v, n_full, k_lo, h, v_desc, v_smem, v_bar, D, PAGE, BLOCK_N, STAGES)
-        _issue_copy(j + STAGES + 1, page_k, n_full, k_lo, h, k_desc, k_smem, k_bar, D, PAGE, BLOCK_N, STAGES)
+        _issue_copy(j + STAGES, n_full, k_lo, b, h, first, table_ptr, table_stride, v_desc, v_smem, v_bar, D, PAGE,
+                    BLOCK_N, STAGES)
+        _issue_copy(j + STAGES + 1, n_full, k_lo, b, h, first, table_ptr, table_stride, k_desc, k_smem, k_bar, D,
+                    PAGE, BLOCK_N, STAGES)
 
     l_i = gl.sum(l_i, 1)
     for i in gl.static_range(STAGES):
@@ -228,37 +228,52 @@ def _paged_attn_wgmma_kernel(q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr,
              mask=((qo < q_len) & (go < G))[:, None])
 
 
-BLOCK_N = 32
-STAGES = 2
+
+def arena_view(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, row: int):
+    """One layer's K and V in the arena as the copy engine reads them: (flat arena, [frames, page_size, row]
+    shape, its strides), `row` the elements of a key (KV heads x head dim); None where the engine cannot take
+    them: an address or stride off its 16-byte grid, or an arena that is not one contiguous [frames, frame
+    elements] block. Shared with triton_attention.kv_descriptors."""
+    size = arena.element_size()
+    if arena.dim() != 2 or not arena.is_contiguous() or (arena.stride(0) * size) % 16 or (row * size) % 16 \
+            or any((arena.data_ptr() + off * size) % 16 for off in (k_offset, v_offset)):
+        return None
+    return arena.view(-1), [arena.shape[0], page_size, row], [arena.stride(0), row, 1]
 
 
 def descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
                 head_dim: int):
-    """[frames, page, heads x D] copy descriptors of one layer's K and V read in [1, BLOCK_N, D] boxes, or None
-    where the copy engine cannot take the arena (as triton_attention.kv_descriptors)."""
-    size = arena.element_size()
-    row = num_kv_heads * head_dim
-    if arena.dim() != 2 or not arena.is_contiguous() or (arena.stride(0) * size) % 16 or (row * size) % 16 \
-            or any((arena.data_ptr() + off * size) % 16 for off in (k_offset, v_offset)):
+    """Copy descriptors of one layer's K and V (`arena_view`) read in [1, BLOCK_N, head_dim] boxes, or None."""
+    view = arena_view(arena, k_offset, v_offset, page_size, num_kv_heads * head_dim)
+    if view is None:
         return None
-    flat = arena.view(-1)
-    shape, strides, block = [arena.shape[0], page_size, row], [arena.stride(0), row, 1], [1, BLOCK_N, head_dim]
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.bfloat16 if arena.dtype == torch.bfloat16 else gl.float16)
+    flat, shape, strides = view
+    block, layout = [1, BLOCK_N, head_dim], kv_layout(head_dim)
     return (TensorDescriptor(flat[k_offset:], shape, strides, block, layout),
             TensorDescriptor(flat[v_offset:], shape, strides, block, layout))
 
 
+def kv_layout(head_dim: int):
+    """The shared-memory layout of a [1, BLOCK_N, head_dim] box of 2-byte keys (the descriptors', and the
+    signature bench.compile_report compiles against)."""
+    return gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, head_dim], gl.bfloat16)
+
+
+def launch_constexprs(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> dict:
+    """The kernel's constexprs for a launch (prefill_attention's, and bench.compile_report's offline compile)."""
+    group = num_q_heads // num_kv_heads
+    return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=triton.next_power_of_2(group), D=head_dim,
+                PAGE=int(page_size), BLOCK_N=BLOCK_N, STAGES=STAGES)
+
+
 def prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
-                      scale, out, descs, prefetch_pages=1) -> torch.Tensor:
+                      scale, out, descs) -> torch.Tensor:
     """Launch over the prefill grid (query tiles x sequences x KV heads), as the Triton kernel's."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
-    group = HQ // num_kv_heads
-    gp = triton.next_power_of_2(group)
-    grid = (triton.cdiv(T - B + 1, ROWS.value // gp), B, num_kv_heads)
+    consts = launch_constexprs(HQ, num_kv_heads, D, page_size)
+    grid = (triton.cdiv(T - B + 1, ROWS.value // consts["GP"]), B, num_kv_heads)
     _paged_attn_wgmma_kernel[grid](q, arena, cu_q, kv_lens, page_table, first_page, out, float(scale), int(k_offset),
-                          int(v_offset), arena.stride(0), page_table.stride(0), *descs, HQ=HQ, HKV=num_kv_heads,
-                          G=group, GP=gp, D=D, PAGE=int(page_size), BLOCK_N=BLOCK_N, STAGES=STAGES,
-                          PREFETCH_PAGES=prefetch_pages,
-                          num_warps=NUM_WARPS.value)
+                                   int(v_offset), arena.stride(0), page_table.stride(0), *descs, **consts,
+                                   num_warps=NUM_WARPS.value)
     return out

@@ -332,15 +332,14 @@ def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> b
             and page_size % cfg["block_n"] == 0)
 
 
-def takes_wgmma(cfg: dict, q: torch.Tensor, arena: torch.Tensor, num_kv_heads: int, decode: bool, window_left: int,
+def takes_wgmma(cfg: dict, decode: bool, window_left: int, head_dim: int, elem_bytes: int, group: int,
                 page_size: int) -> bool:
-    """Whether a launch goes to the Gluon kernel (gluon_attention.py): asked (`wgmma`), a prefill without a
-    window, 2-byte K/V of the query's dtype, head dim 512 (the two warpgroups' 256 output columns each), a group
-    of at most its 64 rows, a page its key tile divides, on a Hopper GPU (Gluon has no interpreter: CPU runs take this module's kernel)."""
-    return (bool(cfg.get("wgmma")) and not decode and window_left < 0 and q.shape[2] == 512
-            and q.dtype in (torch.bfloat16, torch.float16) and arena.dtype == q.dtype
-            and q.shape[1] // num_kv_heads <= gluon_attention.ROWS.value and page_size % gluon_attention.BLOCK_N == 0
-            and hopper(q.device) and not interpreting())
+    """Whether a launch on a Hopper GPU goes to the Gluon kernel (gluon_attention.py), from its shape alone:
+    asked (`wgmma`), a prefill without a window, 2-byte K/V, head dim 512 (the two warpgroups' 256 output
+    columns each), a group of at most its 64 rows, a page its key tile divides. Gluon has no interpreter: CPU
+    runs and older GPUs take this module's kernel."""
+    return (bool(cfg.get("wgmma")) and not decode and window_left < 0 and head_dim == 512 and elem_bytes == 2
+            and group <= gluon_attention.ROWS.value and page_size % gluon_attention.BLOCK_N == 0)
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -362,15 +361,12 @@ def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size:
     num_kv_heads * head_dim] view read in [1, block_n, head_dim] (K) and [1, block_n, dv] (V) boxes; None
     where the copy engine cannot take them: before Hopper, an address or stride off the 16-byte grid it
     needs, or an arena that is not one contiguous [frames, frame elements] block."""
-    if not (hopper(arena.device) or interpreting()) or arena.dim() != 2 or not arena.is_contiguous():
+    if not (hopper(arena.device) or interpreting()):
         return None
-    size = arena.element_size()
-    row = num_kv_heads * head_dim
-    if any((arena.data_ptr() + off * size) % 16 for off in (k_offset, v_offset)) or (arena.stride(0) * size) % 16 \
-            or (row * size) % 16:
+    view = gluon_attention.arena_view(arena, k_offset, v_offset, page_size, num_kv_heads * head_dim)
+    if view is None:
         return None
-    flat = arena.view(-1)
-    shape, strides = [arena.shape[0], page_size, row], [arena.stride(0), row, 1]
+    flat, shape, strides = view
     return (TensorDescriptor(flat[k_offset:], shape, strides, [1, block_n, head_dim]),
             TensorDescriptor(flat[v_offset:], shape, strides, [1, block_n, dv]))
 
@@ -421,12 +417,12 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if dv_split < 1 or D % dv_split or (D // dv_split) < 16 or (dv_split > 1 and num_splits > 1):
         raise ValueError(f"dv_split must divide head_dim {D} into parts >= 16 and needs one split, got "
                          f"dv_split={dv_split}, num_splits={num_splits}")
-    if takes_wgmma(cfg, q, arena, HKV, is_decode, window_left, page_size):
+    if (takes_wgmma(cfg, is_decode, window_left, D, q.element_size(), HQ // HKV, page_size)
+            and arena.dtype == q.dtype and hopper(q.device) and not interpreting()):
         descs = gluon_attention.descriptors(arena, k_offset, v_offset, page_size, HKV, D)
         if descs is not None:
             return gluon_attention.prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,
-                                                     v_offset, page_size, HKV, scale, out, descs,
-                                                     **(cfg["wgmma"] if isinstance(cfg["wgmma"], dict) else {}))
+                                                     v_offset, page_size, HKV, scale, out, descs)
     descs = None
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)

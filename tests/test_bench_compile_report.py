@@ -1,11 +1,15 @@
-"""bench/compile_report.py: the paged attention kernel compiled for sm_90 on this machine (no GPU; compiled,
+"""bench/compile_report.py: the paged attention kernels compiled for sm_90 on this machine (no GPU; compiled,
 so not under the interpreter, in a subprocess without TRITON_INTERPRET): the report's registers and shared
-memory are ptxas's and the compiler's, the head-dim-512 prefill default fits an H200 and copies its
-interior tiles by tensor-memory copies, a sliding layer never does."""
+memory are ptxas's and the compiler's. The head-dim-512 prefill default is the Gluon kernel, which fits an
+H200 with both matmuls over two warpgroups side by side; the Triton kernel it replaces there (`wgmma` false)
+fits too and copies its interior tiles by tensor-memory copies; a sliding layer never does. This is what CI
+checks of the Gluon kernel, which has no interpreter: its numerics run on a Hopper GPU only
+(tests/test_plugins_gluon.py)."""
 from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -33,9 +37,22 @@ def report(tmp_path, *args):
     return json.loads(r.stdout.strip().splitlines()[-1])
 
 
-def test_the_full_layers_prefill_default_fits_and_copies_by_tensor_memory(tmp_path):
+def test_the_full_layers_prefill_default_is_the_gluon_kernel_and_fits(tmp_path):
     out = report(tmp_path, *FULL)
-    assert out["tma"] and out["config"]["dv_split"] == 2 and out["arch"] == "sm_90"
+    assert out["kernel"] == "_paged_attn_wgmma_kernel" and out["tma"] and out["arch"] == "sm_90"
+    assert 0 < out["registers"] <= 255 and 0 < out["shared"] <= H200_SMEM_BYTES
+    ttgir = (tmp_path / "attention.ttgir").read_text()
+    assert "async_tma_copy_global_to_local" in ttgir
+    assert ttgir.count("ttng.warp_group_dot ") >= 2
+    # scores: 16 of a tile's 32 keys a warpgroup; output: 256 of the 512 columns; no other MMA layout
+    assert sorted(set(re.findall(r"nvidia_mma<\{[^}]*warpsPerCTA = (\[[^]]*\]), instrShape = (\[[^]]*\])", ttgir))) \
+        == [("[4, 2]", "[16, 16, 16]"), ("[4, 2]", "[16, 256, 16]")]
+    assert ".entry _paged_attn_wgmma_kernel" in (tmp_path / "attention.ptx").read_text()
+
+
+def test_the_triton_kernel_at_head_dim_512_fits_and_copies_by_tensor_memory(tmp_path):
+    out = report(tmp_path, *FULL, "--config", '{"wgmma": false}')
+    assert out["kernel"] == "_paged_attn_kernel" and out["tma"] and out["config"]["dv_split"] == 2
     assert 0 < out["registers"] <= 255 and 0 < out["shared"] <= H200_SMEM_BYTES
     ttgir = (tmp_path / "attention.ttgir").read_text()
     assert "async_tma_copy_global_to_local" in ttgir and "warp_group_dot" in ttgir
@@ -44,7 +61,7 @@ def test_the_full_layers_prefill_default_fits_and_copies_by_tensor_memory(tmp_pa
 
 def test_a_sliding_layer_and_an_explicit_override_keep_the_element_loads(tmp_path):
     for args in (["--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16", "--window"],
-                 [*FULL, "--config", '{"tma": false}']):
+                 [*FULL, "--config", '{"tma": false, "wgmma": false}']):
         out = report(tmp_path, *args)
         assert not out["tma"] and 0 < out["shared"] <= H200_SMEM_BYTES
         assert "async_tma_copy_global_to_local" not in (tmp_path / "attention.ttgir").read_text()

@@ -60,17 +60,17 @@ def test_gluon_prefill_matches_reference(monkeypatch, q_lens, kv_lens, hq, hkv, 
 
 
 def test_gluon_prefill_refusals(monkeypatch):
-    """A window, a decode, a head dim other than 512, an arena off the copy engine's 16-byte grid or a page the
-    key tile does not divide keep the Triton kernel."""
+    """A window, a decode, a head dim other than 512, an arena off the copy engine's 16-byte grid, a page the
+    key tile does not divide or `wgmma` false keep the Triton kernel; the default config takes the Gluon one."""
     taken = []
     launch = ga.prefill_attention
     monkeypatch.setattr(ga, "prefill_attention", lambda *a: taken.append(1) or launch(*a))
 
-    def run(q_lens, kv_lens, d=512, page=160, wl=-1, frame_pad=8, decode=None):
+    def run(q_lens, kv_lens, d=512, page=160, wl=-1, frame_pad=8, decode=None, config=None):
         b = make_paged_batch(q_lens, kv_lens, num_q_heads=8, num_kv_heads=2, head_dim=d, page_size=page,
                              window_left=wl, dtype=torch.bfloat16, device="cuda", scale=d ** -0.5,
                              frame_pad=frame_pad)
-        got = ta.paged_attention(*b.args(), config={"wgmma": True}, decode=decode)
+        got = ta.paged_attention(*b.args(), config=config or {"wgmma": True}, decode=decode)
         torch.testing.assert_close(got.float(), paged_attention_ref(*b.args()).float(), atol=2e-2, rtol=2e-2)
 
     run([40], [100], wl=29)
@@ -78,6 +78,7 @@ def test_gluon_prefill_refusals(monkeypatch):
     run([40], [100], d=256)
     run([40], [100], frame_pad=5)
     run([40], [100], page=48)
+    run([40], [100], config={"wgmma": False})
     assert taken == []
-    run([40], [100])
+    run([40], [100], config={})  # the default takes it
     assert taken == [1]
