@@ -14,8 +14,14 @@
 #          the default). Then, with the Gluon kernel the default: the 31B's 8k time to first token with chunks of
 #          2,048 and 8,192 (one process) and the E2B's staggered requests (its full layers take the kernel).
 #
+#   ttft   the Gluon kernel as the default against a6f9096 (ab/base: session 17's Triton kernel with copies): the
+#          31B's time to first token of 2,048 and 8,192 tokens with the engine's 2,048-token chunks, three
+#          processes per arm alternated; then, new only, the sliding layer's (head dim 256) 8k chunk
+#          (`bench.kernels --prefill-only --layers 31B-sliding --configs '[]'`: its default alone).
+#
+#     git archive --prefix=ab/base/g4rt/ a6f9096 | tar -x    # the base arm of ttft
 #     bash export/results/s18_h200.sh PART [budget_s]       # default 570 s; results under $OUT
-PART=${1:?PART: gluon or gvar}
+PART=${1:?PART: gluon, gvar or ttft}
 BUDGET=${2:-570}
 TAG=s18-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -46,6 +52,17 @@ case $PART in
         --new-tokens 16 --staggered
       cat "$OUT/s/export_bench.jsonl" > "$OUT/staggered_e2b.jsonl" 2>/dev/null; rm -rf "$OUT/s"
     fi
+    ;;
+  ttft)
+    for rep in 1 2 3; do
+      for a in base new; do
+        arm $a $rep ttft_31b 90 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 2048,8192 \
+          --ttft-chunks 2048 --reps 3
+      done
+    done
+    run_part prefill_d256 80 python3 -m g4rt.bench.kernels --out "$OUT/p" --prefill-only --layers 31B-sliding \
+      --configs '[]'
+    cp "$OUT/p/results.json" "$OUT/prefill_d256.json" 2>/dev/null; rm -rf "$OUT/p"
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
