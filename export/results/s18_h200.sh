@@ -14,7 +14,7 @@
 #          the default). Then, with the Gluon kernel the default: the 31B's 8k time to first token with chunks of
 #          2,048 and 8,192 (one process) and the E2B's staggered requests (its full layers take the kernel).
 #
-#   ttft   the Gluon kernel as the default against a6f9096 (ab/base: session 17's Triton kernel with copies): the
+#   ttft   the GPU tests of the final kernel; the Gluon kernel as the default against a6f9096 (ab/base: session 17's Triton kernel with copies): the
 #          31B's time to first token of 2,048 and 8,192 tokens with the engine's 2,048-token chunks, three
 #          processes per arm alternated; then, new only, the sliding layer's (head dim 256) 8k chunk
 #          (`bench.kernels --prefill-only --layers 31B-sliding --configs '[]'`: its default alone).
@@ -54,6 +54,8 @@ case $PART in
     fi
     ;;
   ttft)
+    run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
+    cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
     for rep in 1 2 3; do
       for a in base new; do
         arm $a $rep ttft_31b 90 engine --config 31b --skip-hf --batches "" --engines inductor --ttft 2048,8192 \
