@@ -18,9 +18,9 @@
 #          31B's time to first token of 2,048 and 8,192 tokens with the engine's 2,048-token chunks, three
 #          processes per arm alternated; then, new only, the sliding layer's (head dim 256) 8k chunk
 #          (`bench.kernels --prefill-only --layers 31B-sliding --configs '[]'`: its default alone).
-#   b1     the 31B at batch 1 with the Gluon default (`bench.engine --config 31b --skip-hf --batches 1
-#          --new-tokens 32`): its 128-token prompt's full layers take the kernel in the eager and the compiled
-#          engine; greedy tokens against eager.
+#   b1     the models of $MODELS (default 31b; call 8: 31b, call 9: e4b) at batch 1 with the Gluon default
+#          (`bench.engine --config M --skip-hf --batches 1 --new-tokens 32`): the 128-token prompt's full layers
+#          take the kernel in the eager and the compiled engine; greedy tokens against eager.
 #
 #     git archive --prefix=ab/base/g4rt/ a6f9096 | tar -x    # the base arm of ttft
 #     bash export/results/s18_h200.sh PART [budget_s]       # default 570 s; results under $OUT
@@ -70,7 +70,7 @@ case $PART in
     cp "$OUT/p/results.json" "$OUT/prefill_d256.json" 2>/dev/null; rm -rf "$OUT/p"
     ;;
   b1)
-    arm new 1 b1_31b 150 engine --config 31b --skip-hf --batches 1 --new-tokens 32
+    for m in ${MODELS:-31b}; do arm new 1 b1_$m 150 engine --config $m --skip-hf --batches 1 --new-tokens 32; done
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
