@@ -235,6 +235,20 @@ def test_no_dependent_launch_off_hopper():
     assert ta.interpreting() and not ta.pdl(cpu) and ta.pdl_launch(cpu) == {"PDL": False, "launch_pdl": False}
 
 
+def test_which_launches_take_the_gluon_kernel():
+    """`takes_wgmma`, from shapes alone: the 2-byte head-dim-512 prefill default of a layer without a window
+    (every Gemma 4 size's full layers, on pages of 32 or 160) on pages its 32-key tile divides; never a decode, a window, another
+    head dim, fp32 (whose default has no `wgmma`), an explicit False, a page of 48, or a group over its 64 rows.
+    On CPU the launch then still runs this module's kernel (the dispatch also asks for a Hopper GPU: every
+    other test here runs a head-dim-512 prefill through it)."""
+    def takes(d=512, decode=False, wl=-1, elem=2, group=8, page=160, **over):
+        return ta.takes_wgmma({**ta.default_config(d, decode, elem), **over}, decode, wl, d, elem, group, page)
+
+    assert takes() and takes(group=4, page=64) and takes(elem=2, group=64, page=32)
+    assert not any([takes(decode=True), takes(wl=511), takes(d=256), takes(elem=4), takes(wgmma=False),
+                    takes(page=48), takes(group=128), takes(d=512, elem=2, group=8, page=16)])
+
+
 @pytest.mark.parametrize("wl", [-1, 29])
 @pytest.mark.parametrize("dv_split", [1, 2, 4])
 def test_prefill_interior_tiles_and_column_split(wl, dv_split):
