@@ -236,9 +236,10 @@ def test_no_dependent_launch_off_hopper():
 
 
 def test_which_launches_take_the_gluon_kernel():
-    """`takes_wgmma`, from shapes alone: the 2-byte head-dim-512 prefill default of a layer without a window
-    (every Gemma 4 size's full layers, on pages of 32 or 160) on pages its 32-key tile divides; never a decode, a window, another
-    head dim, fp32 (whose default has no `wgmma`), an explicit False, a page of 48, or a group over its 64 rows.
+    """`takes_wgmma`, from shapes alone: the 2-byte head-dim-512 prefill default of a layer without a window on
+    pages its 32-key tile divides (every Gemma 4 size's full layers: pages of 32 or 160 tokens); never a decode,
+    a window, another head dim, fp32 (whose default has no `wgmma`), an explicit False, a page of 48 or 16, or
+    a group over its 64 rows.
     On CPU the launch then still runs this module's kernel (the dispatch also asks for a Hopper GPU: every
     other test here runs a head-dim-512 prefill through it)."""
     def takes(d=512, decode=False, wl=-1, elem=2, group=8, page=160, **over):
