@@ -50,16 +50,14 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     t = TRITON_DTYPES[dtype]
     if arch >= 90 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
         fn, const, tma = ga._paged_attn_wgmma_kernel, ga.launch_constexprs(q_heads, kv_heads, head_dim, page), True
-        sig = {name: "i32" for name in fn.arg_names}
         desc = f"tensordesc<{t}[1, {ga.BLOCK_N}, {head_dim}],{ga.kv_layout(head_dim)!r}>"
-        sig.update(k_desc=desc, v_desc=desc)
+        sig = {name: "i32" for name in fn.arg_names} | {"k_desc": desc, "v_desc": desc}
         source, options = GluonASTSource, {"num_warps": ga.NUM_WARPS.value}
     else:
         dv_split = cfg.get("dv_split", 1)
         tma = ta.takes_copies(cfg, decode, window_left, page)
         fn = ta._paged_attn_kernel
-        sig = {name: "i32" for name in fn.arg_names}
-        sig.update(ws_acc_ptr="*fp32", ws_ml_ptr="*fp32")
+        sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                      page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
         const["PDL"] = arch >= 90

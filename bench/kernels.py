@@ -481,7 +481,7 @@ def main(argv=None):
                     help="only the 8k prefill chunks: defaults and the tile sweep (PREFILL_SWEEP), checked")
     ap.add_argument("--layers", default="31B-full,31B-sliding", help="the layers --prefill-only runs")
     ap.add_argument("--configs", help="a JSON list of tile configs --prefill-only runs after each layer's default, "
-                                      "in place of PREFILL_SWEEP, e.g. '[{\"wgmma\": true}]'")
+                                      "in place of PREFILL_SWEEP, e.g. '[{\"wgmma\": false}]' (the Triton kernel)")
     ap.add_argument("--decode-short", action="store_true",
                     help=f"only batch-1 decode of {', '.join(SHORT_LAYERS)} at short context, split counts "
                          f"forced to {SHORT_SPLITS} (what decode_splits' shortest run should be)")

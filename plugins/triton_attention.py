@@ -264,8 +264,8 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355 TFLOP/s
     (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
     plugins/results/results.md). D=512 on a Hopper GPU: the Gluon kernel (`wgmma`, gluon_attention.py: 64
-    rows over two warpgroups side by side, nothing computed twice) 337 TFLOP/s (6.53 ms; plugins/results,
-    session 18). Elsewhere (CPU, older GPUs, an arena the copy engine cannot take) this module's kernel:
+    rows over two warpgroups side by side, nothing computed twice) 337-343 TFLOP/s (6.40-6.54 ms;
+    plugins/results, session 18). Elsewhere (CPU, older GPUs, an arena the copy engine cannot take) this module's kernel:
     128x32/8 warps/2 stages with the output columns cut in two (dv_split 2), the unmasked interior and its
     tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %; 10.49 ms, 11.22 with element loads; session
     17), the best Triton tile tried: the 32-key tiles leave room for a second stage beside the 128 KB Q tile,

@@ -8,8 +8,6 @@ read: page tails past a sequence's length, other layers, frames of no sequence) 
 """
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 
@@ -21,8 +19,7 @@ from fixtures import make_paged_batch  # noqa: E402
 from g4rt.plugins.reference import paged_attention_ref  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    os.environ.get("TRITON_INTERPRET", "0") not in ("", "0") or not torch.cuda.is_available()
-    or torch.cuda.get_device_capability()[0] < 9,
+    ta.interpreting() or not torch.cuda.is_available() or not ta.hopper(torch.device("cuda")),
     reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles it for sm_90 instead")
 
 # (q_lens, kv_lens, q heads, KV heads, page): partial last tiles (kv_len % 32 != 0), a sequence shorter than a

@@ -19,7 +19,12 @@
 # The calls, each on the tree named (calls 1-5 measured options of the kernel since folded in or dropped; a
 # `wgmma` dict passed them as prefill_attention's keywords, which the tree at HEAD no longer has):
 #   1  eab43f5           kern  CONFIGS='[{"wgmma": true}]' (then not the default)
-#   2  eab43f5 + options kern  k_ahead / row_sums / lazy (this tree was not committed; a830042 keeps the first two)
+#   2  eab43f5 + plugins/results/h200_s18_call2_options.patch (git apply; not committed as a tree)
+#                        kern  '[{"wgmma": {"k_ahead": 0, "row_sums": 0, "lazy": 0}}, {"wgmma": {"k_ahead": 1,
+#                               "row_sums": 1, "lazy": 1}}, {"wgmma": {"k_ahead": 1, "row_sums": 1, "lazy": 0}},
+#                               {"wgmma": {"k_ahead": 0, "row_sums": 1, "lazy": 0}},
+#                               {"wgmma": {"k_ahead": 1, "row_sums": 0, "lazy": 0}}]'
+#                        (a830042 keeps k_ahead and row_sums, drops lazy)
 #   3  a830042           kern  '[{"wgmma": {"overlap": 0}}, {"wgmma": {"overlap": 1}}]'
 #   4  c1cabcb           kern  '[{"wgmma": {"one_sync": 0}}, {"wgmma": {"one_sync": 1}},
 #                               {"wgmma": {"one_sync": 1, "skip_rescale": 1}}]'
