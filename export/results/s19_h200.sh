@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# H200 calls of session 19, a fresh process per arm, arms alternated. One PART per call:
+#
+#   kern    the persistent Gluon decode kernel (plugins/gluon_decode.py): the Gluon kernels' tests on the GPU
+#           (tests/test_plugins_gluon.py: poisoned arenas against the reference and the Triton kernel, padded
+#           buckets, refusals), then the 31B's decode layers at batch 64/128/256 and context 200, the default
+#           and each ring/CTA count and Triton tile of BATCH_DECODE (`bench.kernels --decode-batch`), twice.
+#   steps   the 31B's decode steps at batch 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
+#           graph replay as the requests grow, 3 repetitions a process), new against ab/base, two processes
+#           per arm alternated.
+#
+# The calls, each on the tree named:
+#   (filled in as they run)
+#
+#     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
+#     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
+PART=${1:?PART: kern or steps}
+BUDGET=${2:-570}
+TAG=s19-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  kern)
+    run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
+    cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
+    for rep in 1 2; do
+      run_part decode_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch
+      cp "$OUT/d$rep/results.json" "$OUT/decode_batch_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
+    done
+    ;;
+  steps)
+    for rep in 1 2; do
+      for a in base new; do
+        arm $a $rep steps_31b 135 engine --config 31b --skip-hf --batches "" --engines inductor \
+          --decode-steps 64,128,256 --reps 3
+      done
+    done
+    ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
