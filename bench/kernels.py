@@ -66,17 +66,16 @@ SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 # --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
 # run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced: the
-# persistent Gluon kernel's rings (gluon_decode.py: `ring` slots of one 16-key tile, `ctas_per_sm` CTAs an SM;
-# the default first), then the Triton kernel's tiles (block_n, num_warps, num_stages; its unsplit default
-# first at head dim 256).
+# persistent Gluon kernel's rings at head dim 256 (gluon_decode.py: `ring` slots of one 16-key tile,
+# `ctas_per_sm` CTAs an SM; the default first), then the Triton kernel's tiles (block_n, num_warps, num_stages;
+# its unsplit default first). The full layer (head dim 512) runs its default only.
 _TRITON_DECODE = lambda tiles: [dict(rows=16, block_n=n, num_warps=w, num_stages=st, persistent=False)  # noqa: E731
                                 for n, w, st in tiles]
-BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
+BATCH_DECODE = {"batches": (16, 32, 64, 128, 256), "ctx": 200,
                 "31B-sliding": [{}] + [dict(persistent=True, ring=r, ctas_per_sm=c)
-                                       for r, c in [(4, 2), (5, 2), (8, 1), (12, 1)]]
-                               + _TRITON_DECODE([(32, 2, 2), (64, 4, 2), (32, 4, 2)]),
-                "31B-full": [{}] + [dict(persistent=True, ring=r, ctas_per_sm=c) for r, c in [(2, 2), (4, 1), (6, 1)]]
-                            + _TRITON_DECODE([(32, 4, 2), (16, 4, 3)])}
+                                       for r, c in [(3, 4), (6, 2), (12, 1), (2, 4)]]
+                               + _TRITON_DECODE([(32, 2, 2), (32, 4, 2)]),
+                "31B-full": [{}]}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
 MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate

@@ -14,7 +14,7 @@ refilled as soon as its tile is read, with the next tile's page looked up a tile
 across items, so a CTA starts once and the step has one tail, a tile long. An item's query heads (its group)
 are the rows of one 16-row MMA (mma.sync: the group is at most 16 heads, the tiles 16 keys).
 
-Numerics as the Triton kernel's: fp32 scores and softmax in base 2, P cast to the KV dtype, fp32 accumulation.
+Numerics: fp32 scores, softmax (base 2) and accumulation; P stays fp32 (the Triton kernel casts it to the KV dtype for its MMA).
 The copy reads whole 16-key tiles; keys no row sees (at or past the sequence's length: a page's unwritten tail;
 left of the window), NaN in the tests, are masked out of the scores and their V rows zeroed before the second
 matmul, so they never reach the output. A padded row of a decode bucket (length 0) gets zeros, as from the Triton kernel.
@@ -28,14 +28,13 @@ from __future__ import annotations
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.ampere import mma_v2
 from triton.experimental.gluon.language.nvidia.hopper import mbarrier
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_attention import _sync, _tma_load, arena_view, kv_layout
 
 BLOCK_N = 16  # keys a tile: one sliding page; divides every page size models/layout gives (16, 32, 160)
-ROWS = gl.constexpr(16)  # an item's query heads, padded: one mma.sync M
+MAX_GROUP = 4  # query heads a KV head may have here: each thread holds its keys' products for all of them
 NUM_WARPS = gl.constexpr(4)
 
 
@@ -93,15 +92,18 @@ def _issue(u, total, page, key, h, k_desc, v_desc, k_ring, v_ring, bars, D: gl.c
 @gluon.jit
 def _paged_decode_kernel(q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scale, window_left, table_stride,
                          n_items, k_desc, v_desc, HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
-                         D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr,
-                         MAX_ITEMS: gl.constexpr):
-    mma_l: gl.constexpr = gl.NVMMADistributedLayout(version=[2, 0], warps_per_cta=[1, NUM_WARPS],
-                                                    instr_shape=[16, 8])
-    a_l: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_l, k_width=2)
-    b_l: gl.constexpr = gl.DotOperandLayout(operand_index=1, parent=mma_l, k_width=2)
-    q_l: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, NUM_WARPS], [1, 0])
+                         GP: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
+                         STAGES: gl.constexpr, MAX_ITEMS: gl.constexpr):
+    KW: gl.constexpr = BLOCK_N // NUM_WARPS  # keys of a tile each warp takes
+    # [group heads, warps, keys a warp, head dim]: the heads in registers, each warp its own keys, the head dim
+    # over the lanes. A warp keeps its own running softmax over its keys, so a tile needs no cross-warp step.
+    l4: gl.constexpr = gl.BlockedLayout([GP, 1, 1, 8], [1, 1, 1, 32], [1, NUM_WARPS, 1, 1], [3, 2, 1, 0])
+    kv_l: gl.constexpr = gl.SliceLayout(0, l4)  # a K or V tile [warps, keys a warp, D]
+    s_l: gl.constexpr = gl.SliceLayout(3, l4)  # scores [heads, warps, keys a warp]
+    acc_l: gl.constexpr = gl.SliceLayout(2, l4)  # accumulator [heads, warps, D]
+    m_l: gl.constexpr = gl.SliceLayout(2, s_l)  # running max and sum [heads, warps]
+    q_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # a query [heads, D]
     vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
-    rows_l: gl.constexpr = gl.SliceLayout(1, mma_l)
     kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.bfloat16)
     dtype = q_ptr.dtype.element_ty
 
@@ -139,19 +141,24 @@ def _paged_decode_kernel(q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scal
     cj, ct = zero, zero
     cb, ch, ckvl, cfst, clo, cnt = _item(zero, idx, kvl_v, fst_v, i0, wl, HKV, PAGE, BLOCK_N)
 
-    qr = gl.arange(0, ROWS, layout=gl.SliceLayout(1, q_l))
+    qr = gl.arange(0, GP, layout=gl.SliceLayout(1, q_l))
     qd = gl.arange(0, D, layout=gl.SliceLayout(0, q_l))
     q_next = _load_q(q_ptr, zero, count, i0, qr, qd, HQ, HKV, G, D)
-    q_op = gl.convert_layout(q_next, a_l)
+    q = q_next.to(gl.float32)
     qk_scale = scale.to(gl.float32) * 1.4426950408889634
-    m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_l)
-    l_i = gl.zeros([ROWS], gl.float32, rows_l)
-    acc = gl.zeros([ROWS, D], gl.float32, mma_l)
-    s_zero = gl.zeros([ROWS, BLOCK_N], gl.float32, mma_l)
-    n_s = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, mma_l))  # a tile's keys, as score columns
-    n_v = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, b_l))  # and as V rows
-    ro = gl.arange(0, ROWS, layout=rows_l)
-    do = gl.arange(0, D, layout=gl.SliceLayout(0, mma_l))
+    m_i = gl.full([GP, NUM_WARPS], float("-inf"), gl.float32, m_l)
+    l_i = gl.zeros([GP, NUM_WARPS], gl.float32, m_l)
+    acc = gl.zeros([GP, NUM_WARPS, D], gl.float32, acc_l)
+    # a tile's keys [warps, keys a warp]: warp w takes keys w * KW .. w * KW + KW - 1
+    kw_l: gl.constexpr = gl.SliceLayout(0, s_l)
+    n_s = (gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, kw_l))[:, None] * KW
+           + gl.arange(0, KW, layout=gl.SliceLayout(0, kw_l))[None, :])
+    vk_l: gl.constexpr = gl.SliceLayout(2, kv_l)
+    n_v = (gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, vk_l))[:, None] * KW
+           + gl.arange(0, KW, layout=gl.SliceLayout(0, vk_l))[None, :])
+    o_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    ro = gl.arange(0, GP, layout=gl.SliceLayout(1, o_l))
+    do = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
 
     for t in range(total):
         st = t % STAGES
@@ -160,30 +167,37 @@ def _paged_decode_kernel(q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scal
         key = plo + pt * BLOCK_N
         page = gl.load(table_ptr + pb * table_stride + (key // PAGE - pfst), mask=u < total, other=0)
         if ct == 0:  # a new item: its query (loaded an item ahead), a fresh softmax
-            q_op = gl.convert_layout(q_next, a_l)
+            q = q_next.to(gl.float32)
             q_next = _load_q(q_ptr, cj + 1, count, i0, qr, qd, HQ, HKV, G, D)
-            m_i = gl.full([ROWS], float("-inf"), gl.float32, rows_l)
-            l_i = gl.zeros([ROWS], gl.float32, rows_l)
-            acc = gl.zeros([ROWS, D], gl.float32, mma_l)
+            m_i = gl.full([GP, NUM_WARPS], float("-inf"), gl.float32, m_l)
+            l_i = gl.zeros([GP, NUM_WARPS], gl.float32, m_l)
+            acc = gl.zeros([GP, NUM_WARPS, D], gl.float32, acc_l)
         mbarrier.wait(bars.index(st), (t // STAGES) & 1)
-        s = mma_v2(q_op, k_ring.index(st).permute((1, 0)).load(b_l), s_zero)
+        k = k_ring.index(st).reshape([NUM_WARPS, KW, D]).load(kv_l).to(gl.float32)
+        s = gl.sum(q[:, None, None, :] * k[None, :, :, :], 3)
         kn = clo + ct * BLOCK_N + n_s
         seen = (kn < ckvl) & (kn >= ckvl - 1 - wl)
-        s = gl.where(seen[None, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-        p = gl.exp2(s - m_safe[:, None])
+        s = gl.where(seen[None, :, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 2))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # warps that have seen nothing yet
+        p = gl.exp2(s - m_safe[:, :, None])
         alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 1)
+        l_i = l_i * alpha + gl.sum(p, 2)
         kv = clo + ct * BLOCK_N + n_v
-        v = v_ring.index(st).load(b_l)  # keys no row sees (a page's unwritten tail, left of the window): zeros
-        v = gl.where(((kv < ckvl) & (kv >= ckvl - 1 - wl))[:, None], v, gl.zeros_like(v))
-        acc = mma_v2(gl.convert_layout(p.to(dtype), a_l), v, acc * alpha[:, None])
+        v = v_ring.index(st).reshape([NUM_WARPS, KW, D]).load(kv_l)
+        # keys no row sees (a page's unwritten tail, left of the window): zeros, so NaN there never reaches acc
+        v = gl.where(((kv < ckvl) & (kv >= ckvl - 1 - wl))[:, :, None], v.to(gl.float32), 0.0)
+        pv = gl.sum(p[:, :, :, None] * v[None, :, :, :], 2)
+        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, acc_l))[:, :, None] + pv
         m_i = m_new
-        if ct == cnt - 1:  # the item's last tile: its output
-            out = acc / gl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
+        if ct == cnt - 1:  # the item's last tile: the warps' softmaxes merged, its output
+            m_all = gl.max(m_i, 1)
+            w = gl.exp2(m_i - gl.where(m_all == float("-inf"), 0.0, m_all)[:, None])
+            l_all = gl.sum(l_i * w, 1)
+            o = gl.sum(acc * gl.convert_layout(w, gl.SliceLayout(2, acc_l))[:, :, None], 1)
+            o = o / gl.convert_layout(gl.where(l_all > 0, l_all, 1.0), gl.SliceLayout(1, o_l))[:, None]
             o_row = cb.to(gl.int64) * HQ + ch * G + ro
-            gl.store(out_ptr + o_row[:, None] * D + do[None, :], out.to(dtype), mask=(ro < G)[:, None])
+            gl.store(out_ptr + o_row[:, None] * D + do[None, :], o.to(dtype), mask=(ro < G)[:, None])
         cj, ct, cb, ch, ckvl, cfst, clo, cnt = _next_tile(cj, ct, cb, ch, ckvl, cfst, clo, cnt, idx, kvl_v, fst_v,
                                                           i0, wl, HKV, PAGE, BLOCK_N)
         _sync()  # every warp is done with slot st
@@ -217,8 +231,9 @@ def launch(batch: int, num_kv_heads: int, programs: int) -> tuple[int, int]:
 def launch_constexprs(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int, ring: int,
                       max_items: int) -> dict:
     """The kernel's constexprs (decode_attention's, and bench.compile_report's offline compile)."""
-    return dict(HQ=num_q_heads, HKV=num_kv_heads, G=num_q_heads // num_kv_heads, D=head_dim, PAGE=int(page_size),
-                BLOCK_N=BLOCK_N, STAGES=ring, MAX_ITEMS=max_items)
+    group = num_q_heads // num_kv_heads
+    return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=triton.next_power_of_2(group), D=head_dim,
+                PAGE=int(page_size), BLOCK_N=BLOCK_N, STAGES=ring, MAX_ITEMS=max_items)
 
 
 def decode_attention(q, kv_lens, page_table, first_page, page_size: int, num_kv_heads: int, window_left: int,

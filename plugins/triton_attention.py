@@ -295,8 +295,8 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
     cfg["interior"] = decode or head_dim <= 256 or elem_bytes <= 2
-    if decode and splits == 1 and elem_bytes <= 2:
-        cfg.update(persistent=True, ring=6 if head_dim <= 256 else 3, ctas_per_sm=2)
+    if decode and splits == 1 and elem_bytes <= 2 and head_dim == 256:
+        cfg.update(persistent=True, ring=4, ctas_per_sm=3)
     if elem_bytes > 2:
         cfg["block_n"] = max(16, cfg["block_n"] // 2)
         if not decode:
@@ -347,10 +347,10 @@ def takes_wgmma(cfg: dict, decode: bool, window_left: int, head_dim: int, elem_b
 def takes_persistent(cfg: dict, decode: bool, num_splits: int, head_dim: int, elem_bytes: int, group: int,
                      page_size: int) -> bool:
     """Whether a decode launch on a Hopper GPU goes to the persistent Gluon kernel (gluon_decode.py), from its
-    shape alone: asked (`persistent`), one key run per (sequence, KV head), 2-byte K/V, a group within its 16
-    rows, a page its 16-key tile divides, a head dim of 256 or 512."""
-    return (bool(cfg.get("persistent")) and decode and num_splits == 1 and elem_bytes == 2 and head_dim in (256, 512)
-            and group <= gluon_decode.ROWS.value and page_size % gluon_decode.BLOCK_N == 0)
+    shape alone: asked (`persistent`), one key run per (sequence, KV head), 2-byte K/V, head dim 256 (a lane's 8
+    columns), a group of at most MAX_GROUP heads, a page its 16-key tile divides."""
+    return (bool(cfg.get("persistent")) and decode and num_splits == 1 and elem_bytes == 2 and head_dim == 256
+            and group <= gluon_decode.MAX_GROUP and page_size % gluon_decode.BLOCK_N == 0)
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,

@@ -88,14 +88,14 @@ def window_left(w):
 
 
 # (kv_lens, q heads, KV heads, head dim, page, window_left, resident tables, CTAs an SM): the 31B's sliding layer
-# (lengths off the tile grid, shorter than a tile, past the window), its full layer, the E4B's groups of 4 and
-# the 26B's of 2, the E2B's one KV head; several items a CTA where the batch has more items than CTAs.
+# (lengths off the tile grid, shorter than a tile, past the window), the E4B's group of 4 (pages of 16 and 32),
+# the 26B's of 2, one query head a KV head; several items a CTA where the batch has more items than CTAs.
 DECODE_CASES = [
     ([1 + 37 * i for i in range(40)], 32, 16, 256, 16, window_left(1024), True, 2),
-    ([3 + 53 * i for i in range(100)], 32, 4, 512, 160, -1, False, 1),
     ([5 + 11 * i for i in range(70)], 8, 2, 256, 16, window_left(512), True, 1),
-    ([700, 9, 16, 17, 1, 300], 16, 8, 256, 16, window_left(64), False, 2),
-    ([31, 32, 33, 500] * 40, 8, 1, 512, 32, -1, False, 1),
+    ([700, 9, 16, 17, 1, 300], 16, 8, 256, 16, window_left(64), False, 3),
+    ([31, 32, 33, 500] * 40, 8, 2, 256, 32, -1, False, 1),
+    ([3 + 53 * i for i in range(100)], 4, 4, 256, 160, -1, False, 4),
 ]
 
 
@@ -144,7 +144,7 @@ def test_gluon_decode_padded_bucket_gives_the_same_bits():
 
 
 def test_gluon_decode_refusals(monkeypatch):
-    """fp32, a split decode, a prefill, a page 16 does not divide, a group over 16 heads, an arena off the copy
+    """fp32, a split decode, head dim 512, a page 16 does not divide, a group over 4 heads, an arena off the copy
     engine's grid or `persistent` false keep the Triton kernel; the default config of an unsplit bf16 decode
     takes the persistent one."""
     taken = []
@@ -160,8 +160,9 @@ def test_gluon_decode_refusals(monkeypatch):
 
     run(dtype=torch.float32)
     run(splits=2)
+    run(d=512)
     run(page=24)
-    run(hq=64, hkv=2)
+    run(hq=16, hkv=2)
     run(frame_pad=5)
     run(config={"persistent": False})
     assert taken == []
