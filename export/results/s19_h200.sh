@@ -2,7 +2,7 @@
 # H200 calls of session 19, a fresh process per arm, arms alternated. One PART per call:
 #
 #   kern    the persistent Gluon decode kernel (plugins/gluon_decode.py): the Gluon kernels' tests on the GPU
-#           (tests/test_plugins_gluon.py: poisoned arenas against the reference and the Triton kernel, padded
+#           (tests/test_plugins_gluon.py -k "$TESTS", default decode: poisoned arenas against the reference and the Triton kernel, padded
 #           buckets, refusals), then the 31B's decode layers at batch 64/128/256 and context 200, the default
 #           and each ring/CTA count and Triton tile of BATCH_DECODE (`bench.kernels --decode-batch`), twice.
 #   steps   the 31B's decode steps at batch 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
@@ -21,7 +21,7 @@ mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
   kern)
-    run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py
+    run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py -k "${TESTS:-decode}"
     cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
     for rep in 1 2; do
       run_part decode_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch
