@@ -73,7 +73,7 @@ _TRITON_DECODE = lambda tiles: [dict(rows=16, block_n=n, num_warps=w, num_stages
                                 for n, w, st in tiles]
 BATCH_DECODE = {"batches": (16, 32, 64, 128, 256), "ctx": 200,
                 "31B-sliding": [{}] + [dict(persistent=True, ring=r, ctas_per_sm=c)
-                                       for r, c in [(3, 4), (6, 2), (12, 1), (2, 4)]]
+                                       for r, c in [(3, 3), (6, 2), (12, 1)]]
                                + _TRITON_DECODE([(32, 2, 2), (32, 4, 2)]),
                 "31B-full": [{}]}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]

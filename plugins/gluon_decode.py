@@ -36,6 +36,7 @@ from .gluon_attention import _sync, _tma_load, arena_view, kv_layout
 BLOCK_N = 16  # keys a tile: one sliding page; divides every page size models/layout gives (16, 32, 160)
 MAX_GROUP = 4  # query heads a KV head may have here: each thread holds its keys' products for all of them
 NUM_WARPS = gl.constexpr(4)
+LANE_GROUPS = gl.constexpr(2)  # a warp's lanes in groups, each group a key stream of its own (16 lanes a key)
 
 
 @gluon.jit
@@ -69,6 +70,16 @@ def _next_tile(j, tile, b, h, kvl, fst, lo, nt, idx, kvl_v, fst_v, i0, wl, HKV: 
 
 
 @gluon.jit
+def _tile_keys(layout: gl.constexpr, NW: gl.constexpr, LG: gl.constexpr, KPL: gl.constexpr):
+    """A tile's key offsets [warps, lane groups, keys a lane] in `layout`: warp w, lane group g hold keys
+    (w * LG + g) * KPL .. + KPL - 1."""
+    w = gl.arange(0, NW, layout=gl.SliceLayout(1, gl.SliceLayout(2, layout)))
+    g = gl.arange(0, LG, layout=gl.SliceLayout(0, gl.SliceLayout(2, layout)))
+    k = gl.arange(0, KPL, layout=gl.SliceLayout(0, gl.SliceLayout(1, layout)))
+    return (w[:, None, None] * LG + g[None, :, None]) * KPL + k[None, None, :]
+
+
+@gluon.jit
 def _load_q(q_ptr, j, count, i0, rows, d, HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr, D: gl.constexpr):
     """Item j's query rows (its group's heads; zeros in the padding rows and past the CTA's items)."""
     b = (i0 + j) // HKV
@@ -94,15 +105,21 @@ def _paged_decode_kernel(q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scal
                          n_items, k_desc, v_desc, HQ: gl.constexpr, HKV: gl.constexpr, G: gl.constexpr,
                          GP: gl.constexpr, D: gl.constexpr, PAGE: gl.constexpr, BLOCK_N: gl.constexpr,
                          STAGES: gl.constexpr, MAX_ITEMS: gl.constexpr):
-    KW: gl.constexpr = BLOCK_N // NUM_WARPS  # keys of a tile each warp takes
-    # [group heads, warps, keys a warp, head dim]: the heads in registers, each warp its own keys, the head dim
-    # over the lanes. A warp keeps its own running softmax over its keys, so a tile needs no cross-warp step.
-    l4: gl.constexpr = gl.BlockedLayout([GP, 1, 1, 8], [1, 1, 1, 32], [1, NUM_WARPS, 1, 1], [3, 2, 1, 0])
-    kv_l: gl.constexpr = gl.SliceLayout(0, l4)  # a K or V tile [warps, keys a warp, D]
-    s_l: gl.constexpr = gl.SliceLayout(3, l4)  # scores [heads, warps, keys a warp]
-    acc_l: gl.constexpr = gl.SliceLayout(2, l4)  # accumulator [heads, warps, D]
-    m_l: gl.constexpr = gl.SliceLayout(2, s_l)  # running max and sum [heads, warps]
-    q_l: gl.constexpr = gl.SliceLayout(1, acc_l)  # a query [heads, D]
+    LG: gl.constexpr = LANE_GROUPS
+    LD: gl.constexpr = 32 // LANE_GROUPS  # lanes along the head dim
+    KPL: gl.constexpr = BLOCK_N // (NUM_WARPS * LANE_GROUPS)  # keys of a tile a lane holds
+    # [group heads, warps, lane groups, keys a lane, head dim]: the heads and a lane's keys in registers, the head
+    # dim over LD lanes. Each (warp, lane group) keeps its own running softmax over its keys: a tile's scores
+    # need LD-lane sums and nothing crosses a warp; the streams are merged once an item, at its end.
+    l5: gl.constexpr = gl.BlockedLayout([GP, 1, 1, KPL, D // LD], [1, 1, LG, 1, LD], [1, NUM_WARPS, 1, 1, 1],
+                                        [4, 3, 2, 1, 0])
+    kv_l: gl.constexpr = gl.SliceLayout(0, l5)  # a K or V tile [warps, lane groups, keys a lane, D]
+    s_l: gl.constexpr = gl.SliceLayout(4, l5)  # scores [heads, warps, lane groups, keys a lane]
+    m_l: gl.constexpr = gl.SliceLayout(3, s_l)  # running max and sum [heads, warps, lane groups]
+    acc_l: gl.constexpr = gl.SliceLayout(3, l5)  # accumulator [heads, warps, lane groups, D]
+    am_l: gl.constexpr = gl.SliceLayout(3, acc_l)  # [heads, warps, lane groups], to scale the accumulator
+    q_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, gl.SliceLayout(3, l5)))  # a query [heads, D]
+    o_l: gl.constexpr = gl.SliceLayout(1, gl.SliceLayout(2, acc_l))  # an output [heads, D]
     vec_l: gl.constexpr = gl.BlockedLayout([1], [32], [NUM_WARPS], [0])
     kv_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, D], gl.bfloat16)
     dtype = q_ptr.dtype.element_ty
@@ -146,17 +163,11 @@ def _paged_decode_kernel(q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scal
     q_next = _load_q(q_ptr, zero, count, i0, qr, qd, HQ, HKV, G, D)
     q = q_next.to(gl.float32)
     qk_scale = scale.to(gl.float32) * 1.4426950408889634
-    m_i = gl.full([GP, NUM_WARPS], float("-inf"), gl.float32, m_l)
-    l_i = gl.zeros([GP, NUM_WARPS], gl.float32, m_l)
-    acc = gl.zeros([GP, NUM_WARPS, D], gl.float32, acc_l)
-    # a tile's keys [warps, keys a warp]: warp w takes keys w * KW .. w * KW + KW - 1
-    kw_l: gl.constexpr = gl.SliceLayout(0, s_l)
-    n_s = (gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, kw_l))[:, None] * KW
-           + gl.arange(0, KW, layout=gl.SliceLayout(0, kw_l))[None, :])
-    vk_l: gl.constexpr = gl.SliceLayout(2, kv_l)
-    n_v = (gl.arange(0, NUM_WARPS, layout=gl.SliceLayout(1, vk_l))[:, None] * KW
-           + gl.arange(0, KW, layout=gl.SliceLayout(0, vk_l))[None, :])
-    o_l: gl.constexpr = gl.SliceLayout(1, acc_l)
+    m_i = gl.full([GP, NUM_WARPS, LG], float("-inf"), gl.float32, m_l)
+    l_i = gl.zeros([GP, NUM_WARPS, LG], gl.float32, m_l)
+    acc = gl.zeros([GP, NUM_WARPS, LG, D], gl.float32, acc_l)
+    n_s = _tile_keys(gl.SliceLayout(0, s_l), NUM_WARPS, LG, KPL)  # a tile's keys as scores see them
+    n_v = _tile_keys(gl.SliceLayout(3, kv_l), NUM_WARPS, LG, KPL)  # and as V rows
     ro = gl.arange(0, GP, layout=gl.SliceLayout(1, o_l))
     do = gl.arange(0, D, layout=gl.SliceLayout(0, o_l))
 
@@ -169,32 +180,32 @@ def _paged_decode_kernel(q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, scal
         if ct == 0:  # a new item: its query (loaded an item ahead), a fresh softmax
             q = q_next.to(gl.float32)
             q_next = _load_q(q_ptr, cj + 1, count, i0, qr, qd, HQ, HKV, G, D)
-            m_i = gl.full([GP, NUM_WARPS], float("-inf"), gl.float32, m_l)
-            l_i = gl.zeros([GP, NUM_WARPS], gl.float32, m_l)
-            acc = gl.zeros([GP, NUM_WARPS, D], gl.float32, acc_l)
+            m_i = gl.full([GP, NUM_WARPS, LG], float("-inf"), gl.float32, m_l)
+            l_i = gl.zeros([GP, NUM_WARPS, LG], gl.float32, m_l)
+            acc = gl.zeros([GP, NUM_WARPS, LG, D], gl.float32, acc_l)
         mbarrier.wait(bars.index(st), (t // STAGES) & 1)
-        k = k_ring.index(st).reshape([NUM_WARPS, KW, D]).load(kv_l).to(gl.float32)
-        s = gl.sum(q[:, None, None, :] * k[None, :, :, :], 3)
+        k = k_ring.index(st).reshape([NUM_WARPS, LG, KPL, D]).load(kv_l).to(gl.float32)
+        s = gl.sum(q[:, None, None, None, :] * k[None, :, :, :, :], 4)
         kn = clo + ct * BLOCK_N + n_s
         seen = (kn < ckvl) & (kn >= ckvl - 1 - wl)
-        s = gl.where(seen[None, :, :], s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 2))
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # warps that have seen nothing yet
-        p = gl.exp2(s - m_safe[:, :, None])
+        s = gl.where(seen[None, :, :, :], s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 3))
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # streams that have seen nothing yet
+        p = gl.exp2(s - m_safe[:, :, :, None])
         alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.sum(p, 2)
+        l_i = l_i * alpha + gl.sum(p, 3)
         kv = clo + ct * BLOCK_N + n_v
-        v = v_ring.index(st).reshape([NUM_WARPS, KW, D]).load(kv_l)
+        v = v_ring.index(st).reshape([NUM_WARPS, LG, KPL, D]).load(kv_l)
         # keys no row sees (a page's unwritten tail, left of the window): zeros, so NaN there never reaches acc
-        v = gl.where(((kv < ckvl) & (kv >= ckvl - 1 - wl))[:, :, None], v.to(gl.float32), 0.0)
-        pv = gl.sum(p[:, :, :, None] * v[None, :, :, :], 2)
-        acc = acc * gl.convert_layout(alpha, gl.SliceLayout(2, acc_l))[:, :, None] + pv
+        v = gl.where(((kv < ckvl) & (kv >= ckvl - 1 - wl))[:, :, :, None], v.to(gl.float32), 0.0)
+        pv = gl.sum(p[:, :, :, :, None] * v[None, :, :, :, :], 3)
+        acc = acc * gl.convert_layout(alpha, am_l)[:, :, :, None] + pv
         m_i = m_new
-        if ct == cnt - 1:  # the item's last tile: the warps' softmaxes merged, its output
-            m_all = gl.max(m_i, 1)
-            w = gl.exp2(m_i - gl.where(m_all == float("-inf"), 0.0, m_all)[:, None])
-            l_all = gl.sum(l_i * w, 1)
-            o = gl.sum(acc * gl.convert_layout(w, gl.SliceLayout(2, acc_l))[:, :, None], 1)
+        if ct == cnt - 1:  # the item's last tile: its streams merged, its output
+            m_all = gl.max(gl.max(m_i, 2), 1)
+            w = gl.exp2(m_i - gl.where(m_all == float("-inf"), 0.0, m_all)[:, None, None])
+            l_all = gl.sum(gl.sum(l_i * w, 2), 1)
+            o = gl.sum(gl.sum(acc * gl.convert_layout(w, am_l)[:, :, :, None], 2), 1)
             o = o / gl.convert_layout(gl.where(l_all > 0, l_all, 1.0), gl.SliceLayout(1, o_l))[:, None]
             o_row = cb.to(gl.int64) * HQ + ch * G + ro
             gl.store(out_ptr + o_row[:, None] * D + do[None, :], o.to(dtype), mask=(ro < G)[:, None])
