@@ -29,7 +29,6 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from g4rt.plugins import gluon_attention as ga
-from g4rt.plugins import gluon_decode as gd
 from g4rt.plugins import triton_attention as ta
 from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
@@ -38,11 +37,10 @@ ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in ev
 
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
                      splits: int = 1, window: bool = False, dtype: str = "bfloat16", config: dict | None = None,
-                     arch: int = 90, max_items: int = 8) -> dict:
-    """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: a Gluon one where
-    `takes_persistent` (decode; `max_items` a CTA's most items) or `takes_wgmma` (prefill) holds (Hopper and
-    later), else `_paged_attn_kernel`; returns which, the tiles, whether the copy descriptors were taken,
-    registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
+                     arch: int = 90) -> dict:
+    """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
+    where `takes_wgmma` holds (Hopper and later), else `_paged_attn_kernel`; returns which, the tiles, whether
+    the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
@@ -50,14 +48,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits), **(config or {})}
     window_left = 0 if window else -1
     t = TRITON_DTYPES[dtype]
-    if arch >= 90 and ta.takes_persistent(cfg, decode, splits, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
-        fn, tma = gd._paged_decode_kernel, True
-        const = gd.launch_constexprs(q_heads, kv_heads, head_dim, page, cfg["ring"], max_items)
-        desc = f"tensordesc<{t}[1, {gd.BLOCK_N}, {head_dim}],{ga.kv_layout(head_dim, gd.BLOCK_N)!r}>"
-        sig = {name: "i32" for name in fn.arg_names} | {"k_desc": desc, "v_desc": desc}
-        source, options = GluonASTSource, {"num_warps": gd.NUM_WARPS.value}
-    elif arch >= 90 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads,
-                                       page):
+    if arch >= 90 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
         fn, const, tma = ga._paged_attn_wgmma_kernel, ga.launch_constexprs(q_heads, kv_heads, head_dim, page), True
         desc = f"tensordesc<{t}[1, {ga.BLOCK_N}, {head_dim}],{ga.kv_layout(head_dim)!r}>"
         sig = {name: "i32" for name in fn.arg_names} | {"k_desc": desc, "v_desc": desc}
@@ -76,12 +67,11 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         else:
             const.update(k_desc=None, v_desc=None)
         source, options = triton.compiler.ASTSource, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr") if name in fn.arg_names}, scale="fp32",
-               **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")
-                  if name in fn.arg_names})
+    sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
+               **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")})
     sig.update({name: "constexpr" for name in const})
     names = list(fn.arg_names)
-    aligned = [n for n in names if sig[n].startswith("*")] + [n for n in ALIGNED_INTS if n in names]
+    aligned = [n for n in names if sig[n].startswith("*")] + list(ALIGNED_INTS)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(source(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                               options=options)

@@ -4,6 +4,7 @@
     python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
     python -m g4rt.bench.kernels --out DIR --decode-short      # batch-1 decode at short context, split counts
     python -m g4rt.bench.kernels --out DIR --decode-batch      # the 31B's decode at batch 64-256, tiles forced
+    python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
     python -m g4rt.bench.kernels --out DIR --norms             # the q/k/v norm kernel's tiles (NORM_TILES)
 
@@ -65,17 +66,17 @@ SHORT_LAYERS = ("E2B-sliding", "E2B-full", "E4B-sliding", "E4B-full", "31B-slidi
 SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 # --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
-# run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced: the
-# persistent Gluon kernel's rings at head dim 256 (gluon_decode.py: `ring` slots of one 16-key tile,
-# `ctas_per_sm` CTAs an SM; the default first), then the Triton kernel's tiles (block_n, num_warps, num_stages;
-# its unsplit default first). The full layer (head dim 512) runs its default only.
-_TRITON_DECODE = lambda tiles: [dict(rows=16, block_n=n, num_warps=w, num_stages=st, persistent=False)  # noqa: E731
-                                for n, w, st in tiles]
-BATCH_DECODE = {"batches": (16, 32, 64, 128, 256), "ctx": 200,
-                "31B-sliding": [{}] + [dict(persistent=True, ring=r, ctas_per_sm=c)
-                                       for r, c in [(3, 3), (6, 2), (12, 1)]]
-                               + _TRITON_DECODE([(32, 2, 2), (32, 4, 2)]),
-                "31B-full": [{}]}
+# run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced
+# (block_n, num_warps, num_stages): the split decode's tile first, the unsplit default among the rest; then
+# split counts forced over the unsplit default tile (BATCH_SPLITS: shorter programs, a shorter last wave,
+# against the combine kernel).
+BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
+                "31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), (16, 4, 3), (64, 8, 2), (128, 4, 1),
+                                (32, 2, 2), (64, 2, 2)),
+                "31B-full": ((32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 4, 1), (64, 4, 1), (32, 8, 2), (16, 2, 3),
+                             (32, 2, 2))}
+BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
+                "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
 BATCHES = [1, 8, 64]
 MAX_CASE_BYTES = 8 << 30  # KV bytes one case may allocate
@@ -492,6 +493,8 @@ def main(argv=None):
     ap.add_argument("--decode-batch", action="store_true",
                     help="only decode of the 31B's layers at batch 64/128/256 and context 200, decode tiles forced "
                          "(BATCH_DECODE)")
+    ap.add_argument("--decode-batch-splits", action="store_true",
+                    help="with --decode-batch: split counts forced over the unsplit tiles (BATCH_SPLITS) instead")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
@@ -534,9 +537,11 @@ def main(argv=None):
     if args.decode_batch:
         for layer in ("31B-sliding", "31B-full"):
             for b in BATCH_DECODE["batches"]:
-                for cfg in BATCH_DECODE[layer]:
+                tiles = BATCH_SPLITS[layer] if args.decode_batch_splits else [(*t, None) for t in BATCH_DECODE[layer]]
+                for n, w, st, splits in tiles:
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_DECODE["ctx"], peak, try_flex=False,
-                            flex_fn=None, config=cfg, sdpa=False)
+                            flex_fn=None, config=dict(rows=16, block_n=n, num_warps=w, num_stages=st), splits=splits,
+                            sdpa=False)
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

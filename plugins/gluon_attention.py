@@ -256,10 +256,10 @@ def descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: in
 
 
 @functools.cache
-def kv_layout(head_dim: int, block_n: int = BLOCK_N):
-    """The shared-memory layout of a [1, block_n, head_dim] box of 2-byte keys (the descriptors', built once,
-    not on every launch; and the signature bench.compile_report compiles against). gluon_decode's tiles too."""
-    return gl.NVMMASharedLayout.get_default_for([1, block_n, head_dim], gl.bfloat16)
+def kv_layout(head_dim: int):
+    """The shared-memory layout of a [1, BLOCK_N, head_dim] box of 2-byte keys (the descriptors', built once,
+    not on every launch; and the signature bench.compile_report compiles against)."""
+    return gl.NVMMASharedLayout.get_default_for([1, BLOCK_N, head_dim], gl.bfloat16)
 
 
 def launch_constexprs(num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int) -> dict:

@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from . import gluon_attention, gluon_decode
+from . import gluon_attention
 from .buckets import pow2_bucket
 
 
@@ -295,8 +295,6 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     else:
         cfg = {"rows": 64, "block_n": 32, "num_warps": 8, "num_stages": 1}
     cfg["interior"] = decode or head_dim <= 256 or elem_bytes <= 2
-    if decode and splits == 1 and elem_bytes <= 2 and head_dim == 256:
-        cfg.update(persistent=True, ring=4, ctas_per_sm=3)
     if elem_bytes > 2:
         cfg["block_n"] = max(16, cfg["block_n"] // 2)
         if not decode:
@@ -342,15 +340,6 @@ def takes_wgmma(cfg: dict, decode: bool, window_left: int, head_dim: int, elem_b
     runs and older GPUs take this module's kernel."""
     return (bool(cfg.get("wgmma")) and not decode and window_left < 0 and head_dim == 512 and elem_bytes == 2
             and group <= gluon_attention.ROWS.value and page_size % gluon_attention.BLOCK_N == 0)
-
-
-def takes_persistent(cfg: dict, decode: bool, num_splits: int, head_dim: int, elem_bytes: int, group: int,
-                     page_size: int) -> bool:
-    """Whether a decode launch on a Hopper GPU goes to the persistent Gluon kernel (gluon_decode.py), from its
-    shape alone: asked (`persistent`), one key run per (sequence, KV head), 2-byte K/V, head dim 256 (a lane's 8
-    columns), a group of at most MAX_GROUP heads, a page its 16-key tile divides."""
-    return (bool(cfg.get("persistent")) and decode and num_splits == 1 and elem_bytes == 2 and head_dim == 256
-            and group <= gluon_decode.MAX_GROUP and page_size % gluon_decode.BLOCK_N == 0)
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -434,13 +423,6 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         if descs is not None:
             return gluon_attention.prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,
                                                      v_offset, page_size, HKV, scale, out, descs)
-    if (takes_persistent(cfg, is_decode, num_splits, D, q.element_size(), HQ // HKV, page_size)
-            and arena.dtype == q.dtype and hopper(q.device) and not interpreting()):
-        descs = gluon_decode.descriptors(arena, k_offset, v_offset, page_size, HKV, D)
-        if descs is not None:
-            return gluon_decode.decode_attention(q, kv_lens, page_table, first_page, page_size, HKV, window_left,
-                                                 scale, out, descs, ring=cfg["ring"],
-                                                 programs=cfg["ctas_per_sm"] * sm_count(q.device))
     descs = None
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)

@@ -1,10 +1,9 @@
 """bench/compile_report.py: the paged attention kernels compiled for sm_90 on this machine (no GPU; compiled,
 so not under the interpreter, in a subprocess without TRITON_INTERPRET): the report's registers and shared
-memory are ptxas's and the compiler's. The unsplit decode default is the persistent Gluon kernel; the head-dim-512
-prefill default is the Gluon prefill kernel, which fits an
+memory are ptxas's and the compiler's. The head-dim-512 prefill default is the Gluon kernel, which fits an
 H200 with both matmuls over two warpgroups side by side; the Triton kernel it replaces there (`wgmma` false)
 fits too and copies its interior tiles by tensor-memory copies; a sliding layer never does. This is what CI
-checks of the Gluon kernels, which have no interpreter: their numerics run on a Hopper GPU only
+checks of the Gluon kernel, which has no interpreter: its numerics run on a Hopper GPU only
 (tests/test_plugins_gluon.py)."""
 from __future__ import annotations
 
@@ -66,27 +65,6 @@ def test_a_sliding_layer_and_an_explicit_override_keep_the_element_loads(tmp_pat
         out = report(tmp_path, *args)
         assert not out["tma"] and 0 < out["shared"] <= H200_SMEM_BYTES
         assert "async_tma_copy_global_to_local" not in (tmp_path / "attention.ttgir").read_text()
-
-
-SLIDING = ["--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16"]  # the 31B's sliding layer
-SM_SHARED_BYTES = 233472  # 228 KB of shared memory per SM on sm_90
-SM_REGISTERS = 65536
-
-
-def test_an_unsplit_decode_default_is_the_persistent_kernel_and_two_fit_an_sm(tmp_path):
-    """The sliding layer's unsplit decode (batch 16 and up on the 31B): the persistent Gluon kernel, its ring
-    filled by tensor-memory copies, one mma.sync layout; two of its CTAs fit an SM (ctas_per_sm 2) without
-    spilling."""
-    out = report(tmp_path, *SLIDING, "--window", "--decode")
-    assert out["kernel"] == "_paged_decode_kernel" and out["tma"] and out["config"]["ctas_per_sm"] == 2
-    assert out["spill_bytes"] == 0
-    assert 2 * out["shared"] <= SM_SHARED_BYTES and 2 * 128 * out["registers"] <= SM_REGISTERS
-    ttgir = (tmp_path / "attention.ttgir").read_text()
-    assert ttgir.count("async_tma_copy_global_to_local") >= 2 and "scf.for" in ttgir
-    assert set(re.findall(r"nvidia_mma<\{versionMajor = (\d)", ttgir)) == {"2"}
-    assert ".entry _paged_decode_kernel" in (tmp_path / "attention.ptx").read_text()
-    out = report(tmp_path, *SLIDING, "--window", "--decode", "--config", '{"persistent": false}')
-    assert out["kernel"] == "_paged_attn_kernel" and not out["tma"]
 
 
 def test_a_bad_config_and_the_interpreter_are_named():

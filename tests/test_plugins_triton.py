@@ -165,8 +165,7 @@ def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
     The batch here is such a decode (32 sequences x 8 KV heads, windowed, resident tables): poisoned arena,
     NaN output, against the reference in bf16."""
     assert ta.default_config(256, True, 2, splits=1) == {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2,
-                                                         "interior": True, "persistent": True, "ring": 4,
-                                                         "ctas_per_sm": 3}
+                                                         "interior": True}
     assert ta.default_config(256, True, 2, splits=4)["block_n"] == 64
     assert ta.default_config(512, True, 2, splits=1)["block_n"] == 32
     assert ta.default_config(512, True, 2, splits=1)["num_warps"] == 4
@@ -249,21 +248,6 @@ def test_which_launches_take_the_gluon_kernel():
     assert takes() and takes(group=4, page=64) and takes(elem=2, group=64, page=32)
     assert not any([takes(decode=True), takes(wl=511), takes(d=256), takes(elem=4), takes(wgmma=False),
                     takes(page=48), takes(group=128), takes(d=512, elem=2, group=8, page=16)])
-
-
-def test_which_decodes_take_the_persistent_kernel():
-    """`takes_persistent`, from shapes alone: an unsplit 2-byte decode at head dim 256 (the default asks for it),
-    a group of at most 4 heads, pages of a multiple of 16 tokens (16, 32, 160); never a prefill, a split decode,
-    fp32 (whose default does not ask), an explicit False, a page of 24 or 8, a group of 8, head dim 512 or 128.
-    On CPU the launch still runs this module's kernel (the dispatch also asks for a Hopper GPU): every decode
-    test here runs through it."""
-    def takes(d=256, decode=True, splits=1, elem=2, group=2, page=16, **over):
-        cfg = {**ta.default_config(d, decode, elem, splits), **over}
-        return ta.takes_persistent(cfg, decode, splits, d, elem, group, page)
-
-    assert takes() and takes(group=4, page=32) and takes(group=1, page=160)
-    assert not any([takes(decode=False), takes(splits=2), takes(elem=4), takes(persistent=False), takes(page=24),
-                    takes(page=8), takes(group=8), takes(d=512, group=2, page=160, persistent=True), takes(d=128)])
 
 
 @pytest.mark.parametrize("wl", [-1, 29])

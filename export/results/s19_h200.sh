@@ -1,20 +1,26 @@
 #!/usr/bin/env bash
 # H200 calls of session 19, a fresh process per arm, arms alternated. One PART per call:
 #
-#   kern    the persistent Gluon decode kernel (plugins/gluon_decode.py): the Gluon kernels' tests on the GPU
-#           (tests/test_plugins_gluon.py -k "$TESTS", default decode: poisoned arenas against the reference and the Triton kernel, padded
-#           buckets, refusals), then the 31B's decode layers at batch 64/128/256 and context 200, the default
-#           and each ring/CTA count and Triton tile of BATCH_DECODE (`bench.kernels --decode-batch`), twice.
+#   kern    a persistent Gluon decode kernel (plugins/gluon_decode.py in the trees of calls 1-3, removed after
+#           them): the Gluon kernels' tests on the GPU (tests/test_plugins_gluon.py -k "$TESTS", call 1 the whole
+#           file, then decode: poisoned arenas against the reference and the Triton kernel, padded buckets,
+#           refusals), then the 31B's decode layers at context 200, the default and each ring/CTA count and
+#           Triton tile of that tree's BATCH_DECODE (`bench.kernels --decode-batch`), twice.
+#   splits  the 31B's decode layers at batch 64/128/256 and context 200 with split counts forced over the unsplit
+#           tiles (`bench.kernels --decode-batch --decode-batch-splits`), twice.
 #   steps   the 31B's decode steps at batch 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
 #           graph replay as the requests grow, 3 repetitions a process), new against ab/base, two processes
 #           per arm alternated.
 #
 # The calls, each on the tree named:
-#   (filled in as they run)
+#   1  874282f  kern (TESTS=" ": every test of the file)  the kernel's first version (mma.sync over 16 rows)
+#   2  f26a73d  kern  per-warp streams on CUDA cores (2fe8b35)
+#   3  3b0cc1d  kern  lanes in two groups of 16, each its own stream
+#   4  (this)   splits
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
 #     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: kern or steps}
+PART=${1:?PART: kern, splits or steps}
 BUDGET=${2:-570}
 TAG=s19-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -26,6 +32,12 @@ case $PART in
     for rep in 1 2; do
       run_part decode_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch
       cp "$OUT/d$rep/results.json" "$OUT/decode_batch_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
+    done
+    ;;
+  splits)
+    for rep in 1 2; do
+      run_part splits_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch --decode-batch-splits
+      cp "$OUT/d$rep/results.json" "$OUT/decode_splits_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
     done
     ;;
   steps)
