@@ -13,7 +13,7 @@
 #           per arm alternated.
 #
 # The calls, each on the tree named:
-#   1  874282f  kern (TESTS=" ": every test of the file)  the kernel's first version (mma.sync over 16 rows)
+#   1  874282f  kern (that tree ran the whole test file: 13 tests)  the first version (mma.sync over 16 rows)
 #   2  f26a73d  kern  per-warp streams on CUDA cores (2fe8b35)
 #   3  3b0cc1d  kern  lanes in two groups of 16, each its own stream
 #   4  (this)   splits
