@@ -8,6 +8,9 @@
 #           Triton tile of that tree's BATCH_DECODE (`bench.kernels --decode-batch`), twice.
 #   splits  the 31B's decode layers at batch 64/128/256 and context 200 with split counts forced over the unsplit
 #           tiles (`bench.kernels --decode-batch --decode-batch-splits`), twice.
+#   moe     the 26B-A4B at batch 1 with its full layers' prefill on the Gluon kernel (session 18's default):
+#           greedy tokens of the compiled engine against eager, time to first token of 2,048 and 8,192 tokens
+#           against HF in the same process (`bench.moe --config 26b-a4b --batches 1 --ttft 2048,8192`).
 #   steps   the 31B's decode steps at batch 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
 #           graph replay as the requests grow, 3 repetitions a process), new against ab/base, two processes
 #           per arm alternated.
@@ -16,11 +19,12 @@
 #   1  874282f  kern (that tree ran the whole test file: 13 tests)  the first version (mma.sync over 16 rows)
 #   2  f26a73d  kern  per-warp streams on CUDA cores (2fe8b35)
 #   3  3b0cc1d  kern  lanes in two groups of 16, each its own stream
-#   4  (this)   splits
+#   4  1da9b05  splits
+#   5  (this)   moe
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
 #     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: kern, splits or steps}
+PART=${1:?PART: kern, splits, moe or steps}
 BUDGET=${2:-570}
 TAG=s19-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -39,6 +43,9 @@ case $PART in
       run_part splits_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch --decode-batch-splits
       cp "$OUT/d$rep/results.json" "$OUT/decode_splits_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
     done
+    ;;
+  moe)
+    arm new 1 moe_26b 400 moe --config 26b-a4b --batches 1 --ttft 2048,8192
     ;;
   steps)
     for rep in 1 2; do
