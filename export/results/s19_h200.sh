@@ -19,8 +19,8 @@
 #   1  874282f  kern (that tree ran the whole test file: 13 tests)  the first version (mma.sync over 16 rows)
 #   2  f26a73d  kern  per-warp streams on CUDA cores (2fe8b35)
 #   3  3b0cc1d  kern  lanes in two groups of 16, each its own stream
-#   4  1da9b05  splits
-#   5  (this)   moe
+#   4  0406d1d  splits
+#   5  the commit after 7e371a1 (this header fixed)  moe
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
 #     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
