@@ -75,6 +75,9 @@ BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
                                 (32, 2, 2), (64, 2, 2)),
                 "31B-full": ((32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 4, 1), (64, 4, 1), (32, 8, 2), (16, 2, 3),
                              (32, 2, 2))}
+# --decode-batch --decode-batch-tiles: smaller CTAs for the sliding layer (fewer warps, 16-key tiles), so more
+# of them share an SM; the default first.
+BATCH_SMALL = ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (32, 2, 3), (16, 1, 2), (32, 1, 2), (16, 1, 3))
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
                 "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
@@ -495,6 +498,8 @@ def main(argv=None):
                          "(BATCH_DECODE)")
     ap.add_argument("--decode-batch-splits", action="store_true",
                     help="with --decode-batch: split counts forced over the unsplit tiles (BATCH_SPLITS) instead")
+    ap.add_argument("--decode-batch-tiles", action="store_true",
+                    help="with --decode-batch: the sliding layer on smaller CTAs (BATCH_SMALL) instead")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
@@ -535,9 +540,10 @@ def main(argv=None):
                             splits=s, sdpa=s == 1)
         return _write(res, args.out, t_start)
     if args.decode_batch:
-        for layer in ("31B-sliding", "31B-full"):
+        for layer in ("31B-sliding",) if args.decode_batch_tiles else ("31B-sliding", "31B-full"):
             for b in BATCH_DECODE["batches"]:
-                tiles = BATCH_SPLITS[layer] if args.decode_batch_splits else [(*t, None) for t in BATCH_DECODE[layer]]
+                tiles = (BATCH_SPLITS[layer] if args.decode_batch_splits else
+                         [(*t, None) for t in (BATCH_SMALL if args.decode_batch_tiles else BATCH_DECODE[layer])])
                 for n, w, st, splits in tiles:
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_DECODE["ctx"], peak, try_flex=False,
                             flex_fn=None, config=dict(rows=16, block_n=n, num_warps=w, num_stages=st), splits=splits,

@@ -8,6 +8,8 @@
 #           Triton tile of that tree's BATCH_DECODE (`bench.kernels --decode-batch`), twice.
 #   splits  the 31B's decode layers at batch 64/128/256 and context 200 with split counts forced over the unsplit
 #           tiles (`bench.kernels --decode-batch --decode-batch-splits`), twice.
+#   tiles   the 31B's sliding layer at batch 64/128/256 and context 200 on smaller CTAs (`bench.kernels
+#           --decode-batch --decode-batch-tiles`: 16-key tiles, 1-2 warps, 2-4 stages), twice.
 #   moe     the 26B-A4B at batch 1 with its full layers' prefill on the Gluon kernel (session 18's default):
 #           greedy tokens of the compiled engine against eager, time to first token of 2,048 and 8,192 tokens
 #           against HF in the same process (`bench.moe --config 26b-a4b --batches 1 --ttft 2048,8192`).
@@ -20,11 +22,12 @@
 #   2  f26a73d  kern  per-warp streams on CUDA cores (2fe8b35)
 #   3  3b0cc1d  kern  lanes in two groups of 16, each its own stream
 #   4  0406d1d  splits
-#   5  the commit after 7e371a1 (this header fixed)  moe
+#   5  91b08a4  moe
+#   6  (this)   tiles
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
 #     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: kern, splits, moe or steps}
+PART=${1:?PART: kern, splits, tiles, moe or steps}
 BUDGET=${2:-570}
 TAG=s19-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -42,6 +45,12 @@ case $PART in
     for rep in 1 2; do
       run_part splits_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch --decode-batch-splits
       cp "$OUT/d$rep/results.json" "$OUT/decode_splits_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
+    done
+    ;;
+  tiles)
+    for rep in 1 2; do
+      run_part tiles_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch --decode-batch-tiles
+      cp "$OUT/d$rep/results.json" "$OUT/decode_tiles_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
     done
     ;;
   moe)
