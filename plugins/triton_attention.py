@@ -273,17 +273,18 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     64x32: 25.5 ms with it, 14.8 ms without).
     Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
     unsplit decode at head dim 256 (`splits` 1: a batch with a program per SM or more, e.g. the 31B's
-    sliding layers from batch 16) takes 32-key tiles over 2 warps instead: each program reads a few tiles
-    at a serving step's context, so its start and end weigh, and the smaller CTA (64 KB of shared memory)
-    lets three share an SM and cover each other's. At context 200 on the H200 (bench.kernels
-    --decode-batch, plugins/results, session 15) the 31B's sliding layer took 129.9 against 153.0 us at
-    batch 128, 244.0 against 281.1 at 256 and 72.4 against 84.3 at 64; head dim 512 gained nothing (its
-    tile stays).
+    sliding layers from batch 9) takes 16-key tiles over one warp instead: each program reads a few tiles
+    at a serving step's context, so its start and end weigh, and small CTAs (32 KB of shared memory) let
+    several share an SM and cover each other's. At context 200 on the H200 (bench.kernels --decode-batch,
+    plugins/results) the 31B's sliding layer took 66.3-66.5 / 121.0-121.1 / 226.9-227.3 us at batch 64 /
+    128 / 256 (87 % of the copy bandwidth at 256; session 19), where 32-key tiles over 2 warps took 72.6 /
+    130.7 / 246.1 and the split decode's tile 84.3 / 153.0 / 281.1 (session 15); head dim 512 gained
+    nothing from smaller tiles (its tile stays).
     fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
     D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
     Untimed; chosen to fit."""
     if decode and head_dim <= 256 and splits == 1:
-        cfg = {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2}
+        cfg = {"rows": 16, "block_n": 16, "num_warps": 1, "num_stages": 2}
     elif decode:
         cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 128:

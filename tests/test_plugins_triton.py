@@ -160,11 +160,11 @@ def test_decode_split_heuristic():
 
 
 def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
-    """A decode with a program per SM or more (one split) at head dim 256 runs 32-key tiles over 2 warps, so
-    three CTAs share an SM (plugins/results, --decode-batch); split decodes and head dim 512 keep theirs.
+    """A decode with a program per SM or more (one split) at head dim 256 runs 16-key tiles over one warp, so
+    several CTAs share an SM (plugins/results, --decode-batch); split decodes and head dim 512 keep theirs.
     The batch here is such a decode (32 sequences x 8 KV heads, windowed, resident tables): poisoned arena,
     NaN output, against the reference in bf16."""
-    assert ta.default_config(256, True, 2, splits=1) == {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2,
+    assert ta.default_config(256, True, 2, splits=1) == {"rows": 16, "block_n": 16, "num_warps": 1, "num_stages": 2,
                                                          "interior": True}
     assert ta.default_config(256, True, 2, splits=4)["block_n"] == 64
     assert ta.default_config(512, True, 2, splits=1)["block_n"] == 32

@@ -13,9 +13,9 @@
 #   moe     the 26B-A4B at batch 1 with its full layers' prefill on the Gluon kernel (session 18's default):
 #           greedy tokens of the compiled engine against eager, time to first token of 2,048 and 8,192 tokens
 #           against HF in the same process (`bench.moe --config 26b-a4b --batches 1 --ttft 2048,8192`).
-#   steps   the 31B's decode steps at batch 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
-#           graph replay as the requests grow, 3 repetitions a process), new against ab/base, two processes
-#           per arm alternated.
+#   steps   the 31B's decode steps at batch 16, 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
+#           graph replay as the requests grow, 3 repetitions a process), new against ab/base (9095e73: 32-key
+#           tiles over 2 warps), arms alternated new, base, new (what the call's budget held).
 #
 # The calls, each on the tree named:
 #   1  874282f  kern (that tree ran the whole test file: 13 tests)  the first version (mma.sync over 16 rows)
@@ -23,7 +23,8 @@
 #   3  3b0cc1d  kern  lanes in two groups of 16, each its own stream
 #   4  0406d1d  splits
 #   5  91b08a4  moe
-#   6  (this)   tiles
+#   6  9095e73  tiles
+#   7  (this)   steps (ab/base: 9095e73)
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
 #     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
@@ -57,11 +58,10 @@ case $PART in
     arm new 1 moe_26b 400 moe --config 26b-a4b --batches 1 --ttft 2048,8192
     ;;
   steps)
-    for rep in 1 2; do
-      for a in base new; do
-        arm $a $rep steps_31b 135 engine --config 31b --skip-hf --batches "" --engines inductor \
-          --decode-steps 64,128,256 --reps 3
-      done
+    for a in new base new; do
+      rep=1; [ $a = new ] && [ -f "$OUT/steps_31b.jsonl" ] && grep -q '"arm": "new"' "$OUT/steps_31b.jsonl" && rep=2
+      arm $a $rep steps_31b 135 engine --config 31b --skip-hf --batches "" --engines inductor \
+        --decode-steps 16,64,128,256 --reps 3
     done
     ;;
   *) echo "unknown PART $PART"; exit 2 ;;
