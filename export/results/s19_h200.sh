@@ -15,7 +15,7 @@
 #           against HF in the same process (`bench.moe --config 26b-a4b --batches 1 --ttft 2048,8192`).
 #   steps   the 31B's decode steps at batch 16, 64, 128 and 256 (`bench.engine --decode-steps`: step wall against
 #           graph replay as the requests grow, 3 repetitions a process), new against ab/base (9095e73: 32-key
-#           tiles over 2 warps), arms alternated new, base, new (what the call's budget held).
+#           tiles over 2 warps), arms alternated ($ARMS, default new base new).
 #
 # The calls, each on the tree named:
 #   1  874282f  kern (that tree ran the whole test file: 13 tests)  the first version (mma.sync over 16 rows)
@@ -58,7 +58,7 @@ case $PART in
     arm new 1 moe_26b 400 moe --config 26b-a4b --batches 1 --ttft 2048,8192
     ;;
   steps)
-    for a in new base new; do
+    for a in ${ARMS:-new base new}; do
       rep=1; [ $a = new ] && [ -f "$OUT/steps_31b.jsonl" ] && grep -q '"arm": "new"' "$OUT/steps_31b.jsonl" && rep=2
       arm $a $rep steps_31b 135 engine --config 31b --skip-hf --batches "" --engines inductor \
         --decode-steps 16,64,128,256 --reps 3
