@@ -257,7 +257,11 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
-def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1) -> dict:
+WIDE_DECODE = 6  # programs an SM from which an unsplit head-dim-256 decode takes one-warp tiles (default_config)
+
+
+def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1,
+                   programs_per_sm: float = 0.0) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
 
     From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
@@ -273,18 +277,23 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     64x32: 25.5 ms with it, 14.8 ms without).
     Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
     unsplit decode at head dim 256 (`splits` 1: a batch with a program per SM or more, e.g. the 31B's
-    sliding layers from batch 9) takes 16-key tiles over one warp instead: each program reads a few tiles
-    at a serving step's context, so its start and end weigh, and small CTAs (32 KB of shared memory) let
-    several share an SM and cover each other's. At context 200 on the H200 (bench.kernels --decode-batch,
-    plugins/results) the 31B's sliding layer took 66.3-66.5 / 121.0-121.1 / 226.9-227.3 us at batch 64 /
-    128 / 256 (87 % of the copy bandwidth at 256; session 19), where 32-key tiles over 2 warps took 72.6 /
-    130.7 / 246.1 and the split decode's tile 84.3 / 153.0 / 281.1 (session 15); head dim 512 gained
-    nothing from smaller tiles (its tile stays).
+    sliding layers from batch 9) takes smaller tiles instead: each program reads a few tiles at a serving
+    step's context, so its start and end weigh, and small CTAs let several share an SM and cover each
+    other's. 32-key tiles over 2 warps (64 KB of shared memory: three an SM); from WIDE_DECODE programs an
+    SM (`programs_per_sm`: the 31B from batch 64, 7.8 an SM) 16-key tiles over one warp (32 KB). At context
+    200 on the H200 (bench.kernels --decode-batch, plugins/results) the 31B's sliding layer took
+    66.3-66.5 / 121.0-121.1 / 226.9-227.3 us at batch 64 / 128 / 256 on the one-warp tile (87 % of the copy
+    bandwidth at 256; session 19), 72.6 / 130.7 / 246.1 on the two-warp one and 84.3 / 153.0 / 281.1 on
+    the split decode's (session 15); at batch 16 (1.9 programs an SM) the one-warp tile made the 31B's step
+    2.3 % slower (export/results, session 19), and batch 32 (3.9) was not measured with it. Head dim 512
+    gained nothing from smaller tiles (its tile stays).
     fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
     D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
     Untimed; chosen to fit."""
-    if decode and head_dim <= 256 and splits == 1:
+    if decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE:
         cfg = {"rows": 16, "block_n": 16, "num_warps": 1, "num_stages": 2}
+    elif decode and head_dim <= 256 and splits == 1:
+        cfg = {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2}
     elif decode:
         cfg = {"rows": 16, "block_n": 64 if head_dim <= 256 else 32, "num_warps": 4, "num_stages": 2}
     elif head_dim <= 128:
@@ -403,7 +412,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
             max_keys = min(max_keys, window_left + 1)
         num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, D, q.device)
     num_splits = num_splits or 1
-    cfg = {**default_config(D, is_decode, q.element_size(), num_splits), **(config or {})}
+    # per SM, from the batch's graph bucket (as decode_splits): an eager step and its padded replay pick one tile
+    per_sm = pow2_bucket(B) * HKV / sm_count(q.device) if is_decode else 0.0
+    cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm), **(config or {})}
     q = q.contiguous()
     if out is None:
         out = torch.empty_like(q)
