@@ -24,7 +24,12 @@
 #   4  0406d1d  splits
 #   5  91b08a4  moe
 #   6  9095e73  tiles
-#   7  (this)   steps (ab/base: 9095e73)
+#   7  (refused: no machine; ~120 s of the budget)
+#   8  7cad83d  steps ARMS="new base"    (new: the one-warp 16-key tile for every unsplit head-dim-256 decode)
+#   9  7cad83d  steps ARMS=new           10  7cad83d  steps ARMS=base     11  7cad83d  steps ARMS=new
+#      (calls 8-11 on one machine, back to back; their records in export/results/h200_s19_steps_31b.jsonl with
+#      `process` 1-3 per arm; cf51159 then keeps the two-warp tile under WIDE_DECODE programs an SM, so batch
+#      16 runs the base's tile again and 64-256 the tile measured here)
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm of steps
 #     bash export/results/s19_h200.sh PART [budget_s]   # default 570 s; results under $OUT
