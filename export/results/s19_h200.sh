@@ -38,34 +38,30 @@ BUDGET=${2:-570}
 TAG=s19-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
+# kernels_twice NAME ARGS...: `bench.kernels --decode-batch ARGS` in two processes, results $OUT/NAME_{1,2}.json
+kernels_twice() {
+  local name=$1; shift
+  for rep in 1 2; do
+    run_part ${name}_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch "$@"
+    cp "$OUT/d$rep/results.json" "$OUT/${name}_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
+  done
+}
 case $PART in
   kern)
     run_part gluon_tests 240 python3 -m pytest -q -x tests/test_plugins_gluon.py -k "${TESTS:-decode}"
     cp "$OUT/gluon_tests.log" "$OUT/gluon_tests.txt"
-    for rep in 1 2; do
-      run_part decode_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch
-      cp "$OUT/d$rep/results.json" "$OUT/decode_batch_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
-    done
+    kernels_twice decode_batch
     ;;
-  splits)
-    for rep in 1 2; do
-      run_part splits_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch --decode-batch-splits
-      cp "$OUT/d$rep/results.json" "$OUT/decode_splits_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
-    done
-    ;;
-  tiles)
-    for rep in 1 2; do
-      run_part tiles_$rep 150 python3 -m g4rt.bench.kernels --out "$OUT/d$rep" --decode-batch --decode-batch-tiles
-      cp "$OUT/d$rep/results.json" "$OUT/decode_tiles_$rep.json" 2>/dev/null; rm -rf "$OUT/d$rep"
-    done
-    ;;
+  splits) kernels_twice decode_splits --decode-batch-splits ;;
+  tiles) kernels_twice decode_tiles --decode-batch-tiles ;;
   moe)
     arm new 1 moe_26b 400 moe --config 26b-a4b --batches 1 --ttft 2048,8192
     ;;
   steps)
+    n=0
     for a in ${ARMS:-new base new}; do
-      rep=1; [ $a = new ] && [ -f "$OUT/steps_31b.jsonl" ] && grep -q '"arm": "new"' "$OUT/steps_31b.jsonl" && rep=2
-      arm $a $rep steps_31b 135 engine --config 31b --skip-hf --batches "" --engines inductor \
+      n=$((n + 1))
+      arm $a $n steps_31b 135 engine --config 31b --skip-hf --batches "" --engines inductor \
         --decode-steps 16,64,128,256 --reps 3
     done
     ;;
