@@ -5,6 +5,7 @@
     python -m g4rt.bench.kernels --out DIR --decode-short      # batch-1 decode at short context, split counts
     python -m g4rt.bench.kernels --out DIR --decode-batch      # the 31B's decode at batch 64-256, tiles forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
+    python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-tiles    # ... smaller sliding CTAs
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
     python -m g4rt.bench.kernels --out DIR --norms             # the q/k/v norm kernel's tiles (NORM_TILES)
 
@@ -67,17 +68,17 @@ SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 # --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
 # run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced
-# (block_n, num_warps, num_stages): the split decode's tile first, the unsplit default among the rest; then
-# split counts forced over the unsplit default tile (BATCH_SPLITS: shorter programs, a shorter last wave,
-# against the combine kernel).
+# (block_n, num_warps, num_stages): the split decode's tile first, the two-warp unsplit tile among the rest.
 BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
                 "31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), (16, 4, 3), (64, 8, 2), (128, 4, 1),
                                 (32, 2, 2), (64, 2, 2)),
                 "31B-full": ((32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 4, 1), (64, 4, 1), (32, 8, 2), (16, 2, 3),
                              (32, 2, 2))}
-# --decode-batch --decode-batch-tiles: smaller CTAs for the sliding layer (fewer warps, 16-key tiles), so more
-# of them share an SM; the default first.
+# --decode-batch --decode-batch-tiles: the sliding layer on smaller CTAs (fewer warps, 16-key tiles), so more
+# of them share an SM; the two-warp tile first, the one-warp default from WIDE_DECODE programs an SM among them.
 BATCH_SMALL = ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (32, 2, 3), (16, 1, 2), (32, 1, 2), (16, 1, 3))
+# --decode-batch --decode-batch-splits: split counts forced over unsplit tiles (block_n, num_warps, num_stages,
+# splits): shorter programs and a shorter last wave, against the combine kernel.
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
                 "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
