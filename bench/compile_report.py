@@ -4,7 +4,8 @@ registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DI
 the loop's copies and matmuls sit, their layouts) and PTX.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
-        [--decode] [--splits 1] [--window] [--dtype bfloat16] [--config '{"num_stages": 3}'] [--arch 90] [--ir DIR]
+        [--decode [--splits 1] [--programs-per-sm 0]] [--window] [--dtype bfloat16] [--config '{"num_stages": 3}']
+        [--arch 90] [--ir DIR]
 
 The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
 shape (`takes_wgmma`; `--config '{"wgmma": false}'` keeps the Triton kernel), its constexprs, the 16-byte
@@ -36,8 +37,8 @@ ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in ev
 
 
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
-                     splits: int = 1, window: bool = False, dtype: str = "bfloat16", config: dict | None = None,
-                     arch: int = 90) -> dict:
+                     splits: int = 1, programs_per_sm: float = 0.0, window: bool = False, dtype: str = "bfloat16",
+                     config: dict | None = None, arch: int = 90) -> dict:
     """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
     where `takes_wgmma` holds (Hopper and later), else `_paged_attn_kernel`; returns which, the tiles, whether
     the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
@@ -45,7 +46,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits), **(config or {})}
+    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm), **(config or {})}
     window_left = 0 if window else -1
     t = TRITON_DTYPES[dtype]
     if arch >= 90 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
@@ -98,6 +99,9 @@ def main(argv=None):
     ap.add_argument("--kv-heads", type=int, required=True, help="KV heads of the layer (the 31B: 16 sliding, 4 full)")
     ap.add_argument("--decode", action="store_true", help="the decode launch (one query per sequence)")
     ap.add_argument("--splits", type=int, default=1, help="decode's runs over the keys (the split epilogue if > 1)")
+    ap.add_argument("--programs-per-sm", type=float, default=0.0,
+                    help="an unsplit decode's programs an SM (sequences x KV heads / SMs): from WIDE_DECODE its "
+                         "head-dim-256 tile is the one-warp one (the 31B's sliding layers from batch 64: 7.8)")
     ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TRITON_DTYPES))
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
@@ -112,7 +116,8 @@ def main(argv=None):
     except json.JSONDecodeError as e:
         ap.error(f"--config is not JSON: {e}")
     report = attention_report(head_dim=args.head_dim, page=args.page, q_heads=args.q_heads,
-                              kv_heads=args.kv_heads, decode=args.decode, splits=args.splits, window=args.window,
+                              kv_heads=args.kv_heads, decode=args.decode, splits=args.splits,
+                              programs_per_sm=args.programs_per_sm, window=args.window,
                               dtype=args.dtype, config=config, arch=args.arch)
     if args.ir:
         os.makedirs(args.ir, exist_ok=True)

@@ -68,17 +68,18 @@ SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 # --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
 # run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced
-# (block_n, num_warps, num_stages): the split decode's tile first, the two-warp unsplit tile among the rest.
-BATCH_DECODE = {"batches": (64, 128, 256), "ctx": 200,
-                "31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), (16, 4, 3), (64, 8, 2), (128, 4, 1),
+# (block_n, num_warps, num_stages[, splits]): the split decode's tile first, the two-warp unsplit tile among
+# the rest. BATCH_SMALL (--decode-batch-tiles): the sliding layer on smaller CTAs (fewer warps, 16-key tiles),
+# so more of them share an SM; the one-warp default from WIDE_DECODE programs an SM among them. BATCH_SPLITS
+# (--decode-batch-splits): split counts forced over unsplit tiles: shorter programs and a shorter last wave,
+# against the combine kernel.
+BATCH_SIZES, BATCH_CTX = (64, 128, 256), 200
+BATCH_DECODE = {"31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), (16, 4, 3), (64, 8, 2), (128, 4, 1),
                                 (32, 2, 2), (64, 2, 2)),
                 "31B-full": ((32, 4, 2), (16, 4, 2), (16, 4, 3), (32, 4, 1), (64, 4, 1), (32, 8, 2), (16, 2, 3),
                              (32, 2, 2))}
-# --decode-batch --decode-batch-tiles: the sliding layer on smaller CTAs (fewer warps, 16-key tiles), so more
-# of them share an SM; the two-warp tile first, the one-warp default from WIDE_DECODE programs an SM among them.
-BATCH_SMALL = ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (32, 2, 3), (16, 1, 2), (32, 1, 2), (16, 1, 3))
-# --decode-batch --decode-batch-splits: split counts forced over unsplit tiles (block_n, num_warps, num_stages,
-# splits): shorter programs and a shorter last wave, against the combine kernel.
+BATCH_SMALL = {"31B-sliding": ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (32, 2, 3), (16, 1, 2), (32, 1, 2),
+                               (16, 1, 3))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
                 "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
@@ -541,12 +542,11 @@ def main(argv=None):
                             splits=s, sdpa=s == 1)
         return _write(res, args.out, t_start)
     if args.decode_batch:
-        for layer in ("31B-sliding",) if args.decode_batch_tiles else ("31B-sliding", "31B-full"):
-            for b in BATCH_DECODE["batches"]:
-                tiles = (BATCH_SPLITS[layer] if args.decode_batch_splits else
-                         [(*t, None) for t in (BATCH_SMALL if args.decode_batch_tiles else BATCH_DECODE[layer])])
-                for n, w, st, splits in tiles:
-                    guarded(res, "decode_sweep", decode_case, layer, b, BATCH_DECODE["ctx"], peak, try_flex=False,
+        table = BATCH_SPLITS if args.decode_batch_splits else BATCH_SMALL if args.decode_batch_tiles else BATCH_DECODE
+        for layer, tiles in table.items():
+            for b in BATCH_SIZES:
+                for n, w, st, splits in ((*t, None)[:4] for t in tiles):
+                    guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(rows=16, block_n=n, num_warps=w, num_stages=st), splits=splits,
                             sdpa=False)
         return _write(res, args.out, t_start)

@@ -269,18 +269,19 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
     plugins/results/results.md). D=512 on a Hopper GPU: the Gluon kernel (`wgmma`, gluon_attention.py: 64
     rows over two warpgroups side by side, nothing computed twice) 337-343 TFLOP/s (6.40-6.54 ms;
-    plugins/results, session 18). Elsewhere (CPU, older GPUs, an arena the copy engine cannot take) this module's kernel:
-    128x32/8 warps/2 stages with the output columns cut in two (dv_split 2), the unmasked interior and its
-    tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %; 10.49 ms, 11.22 with element loads; session
-    17), the best Triton tile tried: the 32-key tiles leave room for a second stage beside the 128 KB Q tile,
-    where 64-key tiles fit one (11.67 ms, masked; with one stage the interior makes the kernel slower,
-    64x32: 25.5 ms with it, 14.8 ms without).
+    plugins/results, session 18). Elsewhere (CPU, older GPUs, an arena the copy engine cannot take) this
+    module's kernel: 128x32/8 warps/2 stages with the output columns cut in two (dv_split 2), the unmasked
+    interior and its tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %; 10.49 ms, 11.22 with element
+    loads; session 17), the best Triton tile tried: the 32-key tiles leave room for a second stage beside the
+    128 KB Q tile, where 64-key tiles fit one (11.67 ms, masked; with one stage the interior makes the kernel
+    slower, 64x32: 25.5 ms with it, 14.8 ms without).
     Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
     unsplit decode at head dim 256 (`splits` 1: a batch with a program per SM or more, e.g. the 31B's
     sliding layers from batch 9) takes smaller tiles instead: each program reads a few tiles at a serving
     step's context, so its start and end weigh, and small CTAs let several share an SM and cover each
-    other's. 32-key tiles over 2 warps (64 KB of shared memory: three an SM); from WIDE_DECODE programs an
-    SM (`programs_per_sm`: the 31B from batch 64, 7.8 an SM) 16-key tiles over one warp (32 KB). At context
+    other's. 32-key tiles over 2 warps (41 KB of shared memory, 234 registers); from WIDE_DECODE programs an
+    SM (`programs_per_sm`: the 31B from batch 64, 7.8 an SM) 16-key tiles over one warp (24 KB, 255 registers
+    and 180 B spilled; bench.compile_report --decode --programs-per-sm, triton 3.6). At context
     200 on the H200 (bench.kernels --decode-batch, plugins/results) the 31B's sliding layer took
     66.3-66.5 / 121.0-121.1 / 226.9-227.3 us at batch 64 / 128 / 256 on the one-warp tile (87 % of the copy
     bandwidth at 256; session 19), 72.6 / 130.7 / 246.1 on the two-warp one and 84.3 / 153.0 / 281.1 on
