@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, pdl_launch
+from .triton_attention import await_inputs, interpreting, pdl_launch
 
 
 @triton.jit
@@ -166,11 +166,18 @@ def norm_rope_tile(tokens: int, head_dim: int) -> tuple[int, int]:
     return (4 if tokens < 2048 else 16), 4
 
 
+# Under the Triton interpreter (CPU tests) programs run one after another, each costing about the same whatever
+# its size, so the default tile there is the largest the sweep has: a row's norm and RoPE stay within the row,
+# so the tile changes the number of programs, not the values (tests/test_plugins_norm.py runs each GPU tile).
+INTERPRETER_TILE = (16, 4)
+
+
 def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool,
                   tile: tuple[int, int] | None = None):
     """See models.blocks.qkv_norm_rope: one launch, grid (token tiles, q + k + v heads), for the q/k/v
-    norms and RoPE. `tile`: (tokens per program, warps), default `norm_rope_tile` (the bench's sweep)."""
+    norms and RoPE. `tile`: (tokens per program, warps), default `norm_rope_tile` (the bench's sweep), or
+    INTERPRETER_TILE under the interpreter."""
     T, D = qkv.shape[0], cos.shape[-1]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
@@ -178,7 +185,7 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     q = qkv.new_empty(T, num_q_heads, D)
     k, v = qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
     if T:
-        bt, warps = tile or norm_rope_tile(T, D)
+        bt, warps = tile or (INTERPRETER_TILE if interpreting() else norm_rope_tile(T, D))
         _qkv_norm_rope_kernel[(triton.cdiv(T, bt), num_q_heads + 2 * num_kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), T, HQ=num_q_heads,
             HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, num_warps=warps, **pdl_launch(qkv.device))

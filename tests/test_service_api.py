@@ -96,7 +96,7 @@ def serving(tiny, wait_ready=True, hold_warmup=False, **cfg):
     server = Server(service, "127.0.0.1", 0, access_log=False, shutdown_timeout_s=2).start()
     try:
         if wait_ready:
-            wait_for(lambda: httpx.get(server.url + "/ready").status_code == 200)
+            wait_for(lambda: httpx.get(server.url + "/ready").status_code == 200, timeout=60.0)
         yield server, sw
     finally:
         sw.warm.set()
