@@ -26,33 +26,48 @@ from .triton_attention import await_inputs, interpreting, pdl_launch
 def _rms(x, D: tl.constexpr, eps):
     """Root mean square over the last axis (a row, or each row of a tile; fp32, masked-out lanes loaded
     as 0), plus eps under the root."""
-    return tl.sqrt(tl.sum(x * x, axis=-1) / D + eps)
+    return tl.sqrt(tl.sum(x * x, axis=-1, keep_dims=len(x.shape) > 1) / D + eps)
 
 
 @triton.jit
-def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr,
-                     PDL: tl.constexpr):
-    await_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64)
+def _row_tile(rows, D: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr):
+    """A row kernel's program: its ROWS rows of `rows` (each D elements, contiguous) as (offsets, mask, c, the
+    mask of c < D), [BLOCK] vectors for one row, [ROWS, BLOCK] tiles for several; c indexes a row's elements."""
     c = tl.arange(0, BLOCK)
-    ok = c < D
-    x = tl.load(x_ptr + row * D + c, mask=ok, other=0.0).to(tl.float32)
+    if ROWS == 1:
+        at, ok = tl.program_id(0).to(tl.int64) * D + c, c < D
+    else:
+        r = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+        at, ok = r[:, None] * D + c[None, :], (r < rows)[:, None] & (c < D)[None, :]
+    return at, ok, c, c < D
+
+
+@triton.jit
+def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, rows, D: tl.constexpr, BLOCK: tl.constexpr, HAS_W: tl.constexpr,
+                     ROWS: tl.constexpr, PDL: tl.constexpr):
+    await_inputs(PDL)
+    at, ok, c, c_ok = _row_tile(rows, D, BLOCK, ROWS)
+    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
     y = x / _rms(x, D, eps)
     if HAS_W:
-        y = y * tl.load(w_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * D + c, y.to(out_ptr.dtype.element_ty), mask=ok)
+        y = y * tl.load(w_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=ok)
+
+
+# Rows a row kernel's program takes under the Triton interpreter (one on a GPU): see INTERPRETER_TILE.
+INTERPRETER_ROWS = 16
 
 
 def _per_row(kernel, like: torch.Tensor, *args, **meta) -> None:
-    """Launch a row kernel: one program per row of `like` (rows of its last dim D), BLOCK = D rounded up
-    to a power of two, warps by BLOCK, with PDL where the device has it (`pdl`). Nothing runs for an
-    empty tensor."""
+    """Launch a row kernel: one program per row of `like` (rows of its last dim D; INTERPRETER_ROWS of them under
+    the interpreter), BLOCK = D rounded up to a power of two, warps by BLOCK, with PDL where the device has it
+    (`pdl`). The row count follows `args`. Nothing runs for an empty tensor."""
     D = like.shape[-1]
     rows = like.numel() // D if D else 0
     if rows:
-        block = triton.next_power_of_2(D)
-        kernel[(rows,)](*args, D=D, BLOCK=block, num_warps=max(1, min(16, block // 512)), **pdl_launch(like.device),
-                        **meta)
+        block, per = triton.next_power_of_2(D), INTERPRETER_ROWS if interpreting() else 1
+        kernel[(triton.cdiv(rows, per),)](*args, rows, D=D, BLOCK=block, ROWS=per, num_warps=max(1, min(16, block // 512)),
+                                          **pdl_launch(like.device), **meta)
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float) -> torch.Tensor:
@@ -121,7 +136,7 @@ def _norm_rope_rows(src, stride_src, w_ptr, cos_ptr, sin_ptr, dst, stride_dst, t
     m = ok[:, None]
     row = src + t[:, None] * stride_src
     x = tl.load(row + c[None, :], mask=m, other=0.0).to(tl.float32)
-    den = _rms(x, D, eps)[:, None]
+    den = _rms(x, D, eps)
     w, wp = tl.load(w_ptr + c).to(tl.float32)[None, :], tl.load(w_ptr + partner).to(tl.float32)[None, :]
     y = (x / den * w).to(dtype).to(tl.float32)
     yp = (tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32) / den * wp).to(dtype).to(tl.float32)
@@ -150,7 +165,7 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
         src = qkv_ptr + ((HQ + h) * D if K_EQ_V else j * D)  # k_eq_v: V is the raw K
         c = tl.arange(0, D)
         x = tl.load(src + t[:, None] * stride_token + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        y = x / _rms(x, D, eps)[:, None]
+        y = x / _rms(x, D, eps)
         tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y.to(v_ptr.dtype.element_ty), mask=ok[:, None])
 
 
@@ -200,23 +215,22 @@ def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Te
 
 
 @triton.jit
-def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_ptr, eps, D: tl.constexpr,
-                         BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr, PDL: tl.constexpr):
+def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_ptr, eps, rows, D: tl.constexpr,
+                         BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr, ROWS: tl.constexpr,
+                         PDL: tl.constexpr):
     await_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64) * D
-    c = tl.arange(0, BLOCK)
-    ok = c < D
+    at, ok, c, c_ok = _row_tile(rows, D, BLOCK, ROWS)
     dtype = h_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
-    y = x / _rms(x, D, eps) * tl.load(xw_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    h = (tl.load(res_ptr + row + c, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
+    x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    y = x / _rms(x, D, eps) * tl.load(xw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    h = (tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
     if HAS_SCALE:  # the layer_scalar: eager rounds the sum, then the product
         h = (h.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
-    tl.store(h_ptr + row + c, h, mask=ok)
+    tl.store(h_ptr + at, h, mask=ok)
     if HAS_OUT:
         hf = h.to(tl.float32)
-        z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + row + c, z.to(dtype), mask=ok)
+        z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + at, z.to(dtype), mask=ok)
 
 
 def _add_norm_launch(residual, x, x_weight, scale, out_weight, eps):
@@ -248,19 +262,17 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
 
 
 @triton.jit
-def _router_inputs_kernel(h_ptr, scale_ptr, ew_ptr, r_ptr, e_ptr, root, eps, D: tl.constexpr, BLOCK: tl.constexpr,
-                          PDL: tl.constexpr):
+def _router_inputs_kernel(h_ptr, scale_ptr, ew_ptr, r_ptr, e_ptr, root, eps, rows, D: tl.constexpr,
+                          BLOCK: tl.constexpr, ROWS: tl.constexpr, PDL: tl.constexpr):
     await_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64) * D
-    c = tl.arange(0, BLOCK)
-    ok = c < D
+    at, ok, c, c_ok = _row_tile(rows, D, BLOCK, ROWS)
     dtype = r_ptr.dtype.element_ty
-    x = tl.load(h_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
+    x = tl.load(h_ptr + at, mask=ok, other=0.0).to(tl.float32)
     den = _rms(x, D, eps)
     n = (x / den).to(dtype).to(tl.float32)  # the router's unweighted norm, rounded as eager rounds it
-    r = ((n * tl.load(scale_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32) * root).to(dtype)
-    tl.store(r_ptr + row + c, r, mask=ok)
-    tl.store(e_ptr + row + c, (x / den * tl.load(ew_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype), mask=ok)
+    r = ((n * tl.load(scale_ptr + c, mask=c_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32) * root).to(dtype)
+    tl.store(r_ptr + at, r, mask=ok)
+    tl.store(e_ptr + at, (x / den * tl.load(ew_ptr + c, mask=c_ok, other=0.0).to(tl.float32)).to(dtype), mask=ok)
 
 
 def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
@@ -273,18 +285,16 @@ def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_wei
 
 
 @triton.jit
-def _normed_sum_kernel(a_ptr, aw_ptr, b_ptr, bw_ptr, out_ptr, eps, D: tl.constexpr, BLOCK: tl.constexpr,
-                       PDL: tl.constexpr):
+def _normed_sum_kernel(a_ptr, aw_ptr, b_ptr, bw_ptr, out_ptr, eps, rows, D: tl.constexpr, BLOCK: tl.constexpr,
+                       ROWS: tl.constexpr, PDL: tl.constexpr):
     await_inputs(PDL)
-    row = tl.program_id(0).to(tl.int64) * D
-    c = tl.arange(0, BLOCK)
-    ok = c < D
+    at, ok, c, c_ok = _row_tile(rows, D, BLOCK, ROWS)
     dtype = out_ptr.dtype.element_ty
-    a = tl.load(a_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + row + c, mask=ok, other=0.0).to(tl.float32)
-    ya = (a / _rms(a, D, eps) * tl.load(aw_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    yb = (b / _rms(b, D, eps) * tl.load(bw_ptr + c, mask=ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    tl.store(out_ptr + row + c, (ya + yb).to(dtype), mask=ok)
+    a = tl.load(a_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    ya = (a / _rms(a, D, eps) * tl.load(aw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    yb = (b / _rms(b, D, eps) * tl.load(bw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
+    tl.store(out_ptr + at, (ya + yb).to(dtype), mask=ok)
 
 
 def normed_sum(a: torch.Tensor, a_weight: torch.Tensor, b: torch.Tensor, b_weight: torch.Tensor,
