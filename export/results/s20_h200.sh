@@ -9,6 +9,7 @@
 #           MERGE): the decode kernels at short context against the reference (`bench.kernels --decode-short`,
 #           this checkout), then batch-1 decode of each of $MODELS (default e4b e2b) as in `pre`, arms $ARMS
 #           (default base new base new).
+#   b1      batch-1 decode of each of $MODELS (default e4b) as in `pre`, arms $ARMS (default base new).
 #
 # The calls, each on the tree named (ab/base: 8fd661c in every call):
 #   1  pre   the new and pre4 arms did not compile (the pre-wait tile reused the loop's variable `k` with another
@@ -18,10 +19,11 @@
 #            left after call 8, too little for another A/B
 #   8  merge `export/results/h200_s20_merge.patch` on 479e33e (the split programs merge; the combine kernel only
 #            for TensorRT), MODELS="e4b e2b"
+#   9  b1    59e10e5 (the row kernels' ROWS constexpr, one row a program on the GPU), MODELS=e4b, budget 200
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s20_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: pre or merge}
+PART=${1:?PART: pre, merge or b1}
 BUDGET=${2:-570}
 TAG=s20-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -42,6 +44,15 @@ case $PART in
       for a in ${ARMS:-base new base new}; do
         n=$((n + 1))
         arm $a $n b1_$m 150 engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
+      done
+    done
+    ;;
+  b1)
+    for m in ${MODELS:-e4b}; do
+      n=0
+      for a in ${ARMS:-base new}; do
+        n=$((n + 1))
+        arm $a $n b1_$m 100 engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
       done
     done
     ;;
