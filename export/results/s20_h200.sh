@@ -28,34 +28,26 @@ BUDGET=${2:-570}
 TAG=s20-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
-case $PART in
-  pre)
-    m=${MODEL:-e4b}; n=0
-    for a in ${ARMS:-base new pre4 base new pre4}; do
+# batch1 CAP DEFAULT_MODELS DEFAULT_ARMS: batch-1 decode of each of $MODELS, arms $ARMS alternated (a process each,
+# CAP seconds at most), records in $OUT/b1_MODEL.jsonl
+batch1() {
+  local cap=$1 m a n; local models=${MODELS:-$2} arms=${ARMS:-$3}
+  for m in $models; do
+    n=0
+    for a in $arms; do
       n=$((n + 1))
-      arm $a $n b1_$m 150 engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
+      arm $a $n b1_$m "$cap" engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
     done
-    ;;
+  done
+}
+case $PART in
+  pre) batch1 150 "${MODEL:-e4b}" "base new pre4 base new pre4" ;;
   merge)
     run_part decode_short 120 python3 -m g4rt.bench.kernels --out "$OUT/k" --decode-short
     cp "$OUT/k/results.json" "$OUT/decode_short.json" 2>/dev/null; rm -rf "$OUT/k"
-    for m in ${MODELS:-e4b e2b}; do
-      n=0
-      for a in ${ARMS:-base new base new}; do
-        n=$((n + 1))
-        arm $a $n b1_$m 150 engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
-      done
-    done
+    batch1 150 "e4b e2b" "base new base new"
     ;;
-  b1)
-    for m in ${MODELS:-e4b}; do
-      n=0
-      for a in ${ARMS:-base new}; do
-        n=$((n + 1))
-        arm $a $n b1_$m 100 engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
-      done
-    done
-    ;;
+  b1) batch1 100 e4b "base new" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
