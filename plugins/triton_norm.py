@@ -22,6 +22,13 @@ import triton.language as tl
 from .triton_attention import await_inputs, interpreting, pdl_launch
 
 
+# Rows (tokens) a program of the row kernels and of the q/k/v kernel takes under the Triton interpreter (CPU
+# tests): it runs a launch's programs one after another, each costing about the same whatever its size, so fewer,
+# larger ones. A GPU launch takes one row a program and `norm_rope_tile`'s tile. A row's values do not depend on how
+# many rows share its program (tests/test_plugins_norm.py checks both ways and runs each GPU tile).
+INTERPRETER_ROWS = 16
+
+
 @triton.jit
 def _rms(x, D: tl.constexpr, eps):
     """Root mean square over the last axis (a row, or each row of a tile; fp32, masked-out lanes loaded
@@ -54,14 +61,10 @@ def _rms_norm_kernel(x_ptr, w_ptr, out_ptr, eps, rows, D: tl.constexpr, BLOCK: t
     tl.store(out_ptr + at, y.to(out_ptr.dtype.element_ty), mask=ok)
 
 
-# Rows a row kernel's program takes under the Triton interpreter (one on a GPU): see INTERPRETER_TILE.
-INTERPRETER_ROWS = 16
-
-
 def _per_row(kernel, like: torch.Tensor, *args, **meta) -> None:
     """Launch a row kernel: one program per row of `like` (rows of its last dim D; INTERPRETER_ROWS of them under
     the interpreter), BLOCK = D rounded up to a power of two, warps by BLOCK, with PDL where the device has it
-    (`pdl`). The row count follows `args`. Nothing runs for an empty tensor."""
+    (`pdl`). The kernel's `rows` argument (the row count) follows `args`. Nothing runs for an empty tensor."""
     D = like.shape[-1]
     rows = like.numel() // D if D else 0
     if rows:
@@ -181,18 +184,12 @@ def norm_rope_tile(tokens: int, head_dim: int) -> tuple[int, int]:
     return (4 if tokens < 2048 else 16), 4
 
 
-# Under the Triton interpreter (CPU tests) programs run one after another, each costing about the same whatever
-# its size, so the default tile there is the largest the sweep has: a row's norm and RoPE stay within the row,
-# so the tile changes the number of programs, not the values (tests/test_plugins_norm.py runs each GPU tile).
-INTERPRETER_TILE = (16, 4)
-
-
 def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor, eps: float, cos: torch.Tensor,
                   sin: torch.Tensor, num_q_heads: int, num_kv_heads: int, k_eq_v: bool,
                   tile: tuple[int, int] | None = None):
     """See models.blocks.qkv_norm_rope: one launch, grid (token tiles, q + k + v heads), for the q/k/v
     norms and RoPE. `tile`: (tokens per program, warps), default `norm_rope_tile` (the bench's sweep), or
-    INTERPRETER_TILE under the interpreter."""
+    INTERPRETER_ROWS tokens under the interpreter."""
     T, D = qkv.shape[0], cos.shape[-1]
     if qkv.stride(-1) != 1:
         qkv = qkv.contiguous()
@@ -200,7 +197,7 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     q = qkv.new_empty(T, num_q_heads, D)
     k, v = qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
     if T:
-        bt, warps = tile or (INTERPRETER_TILE if interpreting() else norm_rope_tile(T, D))
+        bt, warps = tile or ((INTERPRETER_ROWS, 4) if interpreting() else norm_rope_tile(T, D))
         _qkv_norm_rope_kernel[(triton.cdiv(T, bt), num_q_heads + 2 * num_kv_heads)](
             qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), T, HQ=num_q_heads,
             HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, num_warps=warps, **pdl_launch(qkv.device))

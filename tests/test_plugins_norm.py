@@ -247,6 +247,31 @@ def test_moe_blocks_match_reference(dtype):
         tn.normed_sum(a, aw, b[:2], bw, 1e-6)
 
 
+def test_the_row_kernels_compute_the_same_bits_one_row_or_several_a_program(monkeypatch):
+    """The interpreter runs INTERPRETER_ROWS rows a program (tests' speed), a GPU one row a program: both launches of
+    every row kernel give the same bits, on a row count that leaves the last multi-row program part empty, and the
+    one-row launch (the GPU's) matches the reference."""
+    g = torch.Generator().manual_seed(5)
+    H, T = 96, tn.INTERPRETER_ROWS + 3
+    h, a, b = [(torch.randn(T, H, generator=g) * 3).to(torch.bfloat16) for _ in range(3)]
+    w1, w2, w3 = [(1 + 0.2 * torch.randn(H, generator=g)).to(torch.bfloat16) for _ in range(3)]
+    scale = torch.tensor([0.6], dtype=torch.bfloat16)
+    runs = {"rms_norm": lambda m: m.rms_norm(h, w1, 1e-6),
+            "add_rms_norm": lambda m: m.add_rms_norm(h, a, w1, w2, 1e-6, scale),
+            "router_inputs": lambda m: m.router_inputs(h, w1, H ** -0.5, w2, 1e-6),
+            "normed_sum": lambda m: m.normed_sum(a, w1, b, w3, 1e-6)}
+
+    def outputs(result):
+        return result if isinstance(result, tuple) else (result,)
+
+    several = {name: outputs(run(tn)) for name, run in runs.items()}
+    monkeypatch.setattr(tn, "INTERPRETER_ROWS", 1)
+    for name, run in runs.items():
+        for got, many, want in zip(outputs(run(tn)), several[name], outputs(run(reference))):
+            assert torch.equal(got, many), name
+            close(got, want, scale=8.0)
+
+
 def test_add_normed_refuses_bad_shapes():
     with pytest.raises(ValueError, match=r"residual \(2, 8\) and x \(2, 4\) differ"):
         tn.add_normed(torch.zeros(2, 8), torch.zeros(2, 4), torch.ones(4), 1e-6)
