@@ -222,6 +222,41 @@ def host_edges(prof, region: str, top: int = 8) -> dict:
             "host_top_before_gpu": [[n, round(us / 1e3, 3)] for n, us in ranked]}
 
 
+def replay_exposure(graph, top: int = 24) -> dict:
+    """What each kernel of one profiled replay of a captured graph adds to its span. Kernels overlap under
+    programmatic dependent launch (a kernel starts while the one before finishes and waits in it), so their
+    summed durations overstate the step; a kernel's exposed time is how far its end passes the latest end of
+    the kernels that started before it (the span is the exposed times plus the idle stretches). Grouped by
+    kernel name and grid, which tells one projection's launch from another's: the `top` groups by exposed
+    time, each with its count, exposed and summed milliseconds."""
+    import json
+    import tempfile
+
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        graph.replay()
+        sync()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        events = json.load(open(f.name))["traceEvents"]
+    runs = sorted((e["ts"], e["ts"] + e["dur"], e["name"][:60], tuple(e.get("args", {}).get("grid", ())))
+                  for e in events if e.get("cat") == "kernel")
+    if not runs:
+        return {"span_ms": 0.0, "kernels": 0}
+    groups: dict[tuple, list] = {}
+    reach, idle = runs[0][0], 0.0
+    for start, end, name, grid in runs:
+        idle += max(0.0, start - reach)
+        g = groups.setdefault((name, grid), [0, 0.0, 0.0])
+        g[0] += 1
+        g[1] += max(0.0, end - max(start, reach))
+        g[2] += end - start
+        reach = max(reach, end)
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    return {"span_ms": round((reach - runs[0][0]) / 1e3, 3), "idle_ms": round(idle / 1e3, 3), "kernels": len(runs),
+            "by_launch": [[name, list(grid), c, round(x / 1e3, 3), round(d / 1e3, 3)]
+                          for (name, grid), (c, x, d) in ranked[:top]]}
+
+
 @torch.inference_mode()
 def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50,
                    matmul_bytes: int | None = None) -> dict:
@@ -240,7 +275,8 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     replay_ms = statistics.median(times)
     record = {"stage": "decode_profile", "batch": batch, "graph_key": list(key), "replays": replays,
               "replay_ms_median": round(replay_ms, 3), "replay_ms_min": round(min(times), 3),
-              "weight_GBps_at_replay": round(weight_bytes / replay_ms / 1e6, 1)}
+              "weight_GBps_at_replay": round(weight_bytes / replay_ms / 1e6, 1),
+              "replay_exposure": replay_exposure(graph)}
     eager_step = ArenaStep(PagedStep(model, engine.geometry), engine.arena.tensor)
     for name, step in (("compiled", engine.compiled), ("eager", eager_step)):
         step(*static)

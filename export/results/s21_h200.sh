@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# H200 calls of session 21, a fresh process per arm, arms alternated. One PART per call:
+#
+#   prof    batch-1 decode of each of $MODELS (default e4b e2b), this checkout: `bench.engine --config MODEL
+#           --skip-hf --batches 1 --new-tokens 32 --profile`, whose decode_profile record now holds the replayed
+#           graph's exposed time by launch (bench/engine.py replay_exposure)
+#   b1      the same for each of $MODELS (default e4b), arms $ARMS (default base new base new base new): base =
+#           ab/base (the tree before), new = this checkout
+#
+#     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
+#     bash export/results/s21_h200.sh PART [budget_s]   # default 570 s; results under $OUT
+PART=${1:?PART: prof or b1}
+BUDGET=${2:-570}
+TAG=s21-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+# batch1 CAP DEFAULT_MODELS DEFAULT_ARMS: batch-1 decode of each of $MODELS, arms $ARMS alternated (a process each,
+# CAP seconds at most), records in $OUT/b1_MODEL.jsonl
+batch1() {
+  local cap=$1 m a n; local models=${MODELS:-$2} arms=${ARMS:-$3}
+  for m in $models; do
+    n=0
+    for a in $arms; do
+      n=$((n + 1))
+      arm $a $n b1_$m "$cap" engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
+    done
+  done
+}
+case $PART in
+  prof) batch1 150 "e4b e2b" "new" ;;
+  b1) batch1 100 e4b "base new base new base new" ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
