@@ -5,7 +5,8 @@
 the MoE router's `route` are written as Hugging Face writes them; `skinny_linear` is F.linear, every
 projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py), and
 `gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate), which that kernel forms in
-its epilogue.
+its epilogue; `add_norm_gelu_linear` a residual step and the gated GELU of a projection of it, whose norms
+the kernel forms in its prologue.
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -93,6 +94,19 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
     return h, rms_norm(h, out_weight, eps)
 
 
+def add_norm_gelu_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor,
+                         out_weight: torch.Tensor | None, eps: float, w: torch.Tensor,
+                         up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A residual step and the gated GELU of a projection of it: h = add_normed(residual, x, x_weight), then
+    gelu_linear of h (the PLE gate) or, with out_weight, of norm(h) * out_weight (the MLP's packed gate/up
+    after the attention's residual step). Returns (h, the GELU)."""
+    if out_weight is None:
+        h = z = add_normed(residual, x, x_weight, eps)
+    else:
+        h, z = add_rms_norm(residual, x, x_weight, out_weight, eps)
+    return h, gelu_linear(z, w, up)
+
+
 def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The MoE block's two norms of the un-normed residual h: the router's input, norm(h) * scale * root
@@ -120,4 +134,4 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
              "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
-             "gelu_linear": gelu_linear}
+             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear}

@@ -178,6 +178,17 @@ class MLP(nn.Module):
             act = block("gelu_tanh_mul", self.kernels, self.gate_proj(x), self.up_proj(x))
         return self.down_proj(act)
 
+    def after_residual_step(self, residual, x, x_weight, norm_weight, eps) -> tuple[torch.Tensor, torch.Tensor]:
+        """(h, the MLP of norm(h) * norm_weight) for the post-norm residual step h = residual + norm(x) *
+        x_weight. With gate/up packed, the step and the norm are one block with the gate/up projection
+        (`add_norm_gelu_linear`: at decode the skinny matmul's prologue, no launch of their own)."""
+        if self.gate_up_weight is None:
+            h, x = block("add_rms_norm", self.kernels, residual, x, x_weight, norm_weight, eps)
+            return h, self(x)
+        h, act = block("add_norm_gelu_linear", self.kernels, residual, x, x_weight, norm_weight, eps,
+                       self.gate_up_weight, None)
+        return h, self.down_proj(act)
+
 
 class Router(nn.Module):
     """Softmax (fp32, as HF 5.24) over all experts, then top-k, renormalise, times per_expert_scale.
@@ -274,10 +285,9 @@ class DecoderLayer(nn.Module):
     def after_attention(self, h, o, ple, next_norm_weight):
         post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
         eps = post.eps
-        # (h, pre(h)) with h = residual + post(o_proj(o)): a post-norm residual step and the next pre-norm.
-        h, x = block("add_rms_norm", self.kernels, h, self.self_attn.o_proj(o.reshape(o.shape[0], -1)), post.weight,
-                     pre.weight, eps)
-        m = self.mlp(x)
+        # h = residual + post(o_proj(o)), a post-norm residual step, and the MLP of its pre-norm pre(h).
+        h, m = self.mlp.after_residual_step(h, self.self_attn.o_proj(o.reshape(o.shape[0], -1)), post.weight,
+                                            pre.weight, eps)
         if self.has_moe:
             # The dense MLP is the shared expert; router and experts read the un-normed residual, each through
             # its own norm (one block), and the two branches' post-norms and sum are one block.
@@ -287,9 +297,9 @@ class DecoderLayer(nn.Module):
             m = block("normed_sum", self.kernels, m, self.post_feedforward_layernorm_1.weight, self.experts(e, idx, w),
                       self.post_feedforward_layernorm_2.weight, eps)
         post = self.post_feedforward_layernorm
-        if self.has_ple:
-            h = block("add_normed", self.kernels, h, m, post.weight, eps)
-            g = block("gelu_linear", self.kernels, h, self.per_layer_input_gate.weight, ple)
+        if self.has_ple:  # h + post(m), and the PLE gate's GELU of it: one block
+            h, g = block("add_norm_gelu_linear", self.kernels, h, m, post.weight, None, eps,
+                         self.per_layer_input_gate.weight, ple)
             m, post = self.per_layer_projection(g), self.post_per_layer_input_norm
         # The tail: h + post(m), times layer_scalar, then the next input norm, in one block.
         return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm_weight, eps, self.layer_scalar)

@@ -31,13 +31,15 @@ Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 th
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
-from .triton_norm import gelu_tanh_mul, gelu_tanh_rounded
+from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
@@ -83,6 +85,30 @@ def _gemv_tile(acc, w, x_rows, k, K, m_ok, UPCAST: tl.constexpr, PREC: tl.conste
 
 
 @triton.jit
+def _residual_rows(x_ptr, stride_x, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, M, K, eps, h_cols,
+                   NORM: tl.constexpr, KB: tl.constexpr):
+    """The matmul's input rows from a residual step, written to in_ptr [M, K]: h = residual + rms_norm(x) * w1,
+    rounded as add_normed rounds it (the norm's product, then the sum), or (NORM == 2) rms_norm(h) * w2. A row
+    at a time, whole (KB >= K lanes): one round trip to L2 for its inputs, both norms from registers. Its first
+    `h_cols` columns of h (K in the program that writes h, else 0) are stored to h_ptr [M, K]."""
+    c = tl.arange(0, KB)
+    ok = c < K
+    w1 = tl.load(w1_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    w2 = tl.load(w2_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    for m in range(M):
+        x = tl.load(x_ptr + m * stride_x + c, mask=ok, other=0.0)
+        res = tl.load(res_ptr + m * K + c, mask=ok, other=0.0).to(tl.float32)
+        xf = x.to(tl.float32)
+        y = xf / tl.sqrt(tl.sum(xf * xf, axis=0) / K + eps) * w1
+        h = (res + y.to(x.dtype).to(tl.float32)).to(x.dtype)
+        tl.store(h_ptr + m * K + c, h, mask=c < h_cols)
+        if NORM == 2:
+            hf = h.to(tl.float32)
+            h = (hf / tl.sqrt(tl.sum(hf * hf, axis=0) / K + eps) * w2).to(x.dtype)
+        tl.store(in_ptr + m * K + c, h, mask=ok)
+
+
+@triton.jit
 def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
     """Round the block's fp32 sums to the output type and store them; with GELU the gated GELU of them first,
     as the gelu kernel (plugins/triton_norm.py) forms it from the rounded matmul output: GELU == 1, the
@@ -104,15 +130,19 @@ def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, M, N, K, split_k, stride_x, stride_w,
-                 stride_out, stride_up, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr,
-                 EVEN_N: tl.constexpr, EVEN_K: tl.constexpr, GELU: tl.constexpr, UPCAST: tl.constexpr,
-                 PREC: tl.constexpr, PDL: tl.constexpr):
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, eps, M,
+                 N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                 GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for tile column block i. With SPLITS
     > 1 each writes its fp32 partial, and the block's last program to finish (a counter per block, which
     that program resets) adds the partials in split order, so the bits do not depend on which finished last.
     With GELU == 1 the weight's N rows are gate rows then up rows, and tile column 2j + h is row h * N/2 + j
-    of the block's pairs: each program holds a gate column and its up column for the epilogue."""
+    of the block's pairs: each program holds a gate column and its up column for the epilogue. With NORM
+    the input is a residual step formed from x (see ResidualNorm): every program forms all of it itself from
+    L2 (a few rows of K elements) into its own slice of in_ptr [programs, M, K] and reads its tiles from there;
+    program (0, 0) also writes h."""
     pid = tl.program_id(0)
     r = tl.arange(0, BLOCK_N)
     n = pid * BLOCK_N + r  # tile columns: the partials' index
@@ -126,12 +156,19 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, M, N, K, spl
     m = tl.arange(0, 16)
     m_ok = m < M
     w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_w
-    x_rows = x_ptr + m[:, None] * stride_x
     k_lo = tl.program_id(1) * split_k
     k_hi = tl.minimum(k_lo + split_k, K)
     k = k_lo + tl.arange(0, BLOCK_K)
     w = _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K)  # no kernel writes weights: read before the wait
     await_inputs(PDL)
+    if NORM:
+        own = in_ptr + (pid * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * M * K
+        _residual_rows(x_ptr, stride_x, res_ptr, w1_ptr, w2_ptr, h_ptr, own, M, K, eps,
+                       tl.where((pid == 0) & (tl.program_id(1) == 0), K, 0), NORM, KB)
+        tl.debug_barrier()  # the program's input rows stored before any of its threads reads them
+        x_rows = own + m[:, None] * K
+    else:
+        x_rows = x_ptr + m[:, None] * stride_x
     acc = _gemv_tile(tl.zeros([16, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
@@ -164,15 +201,37 @@ def _locks(device: torch.device) -> torch.Tensor:
     return _LOCKS[device]
 
 
+class ResidualNorm(NamedTuple):
+    """A residual step the matmul's input is formed from, in the kernel's prologue: h = residual +
+    rms_norm(x) * x_weight (add_normed's rounding), written to `h`; the input is h, or with `out_weight`
+    rms_norm(h) * out_weight (add_rms_norm's second output). residual and h are [M, K] and contiguous."""
+    residual: torch.Tensor
+    x_weight: torch.Tensor
+    out_weight: torch.Tensor | None
+    eps: float
+    h: torch.Tensor
+
+
+def _check_norm(norm: ResidualNorm, x: torch.Tensor) -> None:
+    for name, t in (("residual", norm.residual), ("h", norm.h)):
+        if t.shape != x.shape or t.dtype != x.dtype or not t.is_contiguous():
+            raise ValueError(f"gemv's {name} must be a contiguous {tuple(x.shape)} {x.dtype} like x; got "
+                             f"{tuple(t.shape)} {t.dtype}{'' if t.is_contiguous() else ', not contiguous'}")
+    for name, t in (("x_weight", norm.x_weight), ("out_weight", norm.out_weight)):
+        if t is not None and (t.shape != (x.shape[1],) or not t.is_contiguous()):
+            raise ValueError(f"gemv's {name} must be a contiguous [{x.shape[1]}] vector, got {tuple(t.shape)}")
+
+
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
          out: torch.Tensor | None = None, splits: int = 1, halves: bool = False,
-         up: torch.Tensor | None = None) -> torch.Tensor:
+         up: torch.Tensor | None = None, norm: ResidualNorm | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride) times w [N, K] (unit column stride) transposed ->
     [M, N] in x's dtype, as F.linear(x, w) computes it up to the order of the fp32 sums. `config`:
     (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it;
     `splits`: runs of whole BLOCK_K tiles K is cut into (fewer where K has fewer tiles). With the gated
     GELU in the epilogue, rounded as the gelu kernel rounds the matmul's output: `halves`, w's rows are
-    gate then up and the result is gelu_tanh(gate) * up [M, N/2]; `up` [M, N], it is gelu_tanh(x w^T) * up."""
+    gate then up and the result is gelu_tanh(gate) * up [M, N/2]; `up` [M, N], it is gelu_tanh(x w^T) * up.
+    With `norm`, the matmul's input is the residual step it describes, formed from x (ResidualNorm)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got x {tuple(x.shape)} and w {tuple(w.shape)}")
     M, K = x.shape
@@ -189,6 +248,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     if up is not None and (up.shape != (M, N) or up.dtype != x.dtype or up.stride(1) != 1):
         raise ValueError(f"gemv's up must be [{M}, {N}] in {x.dtype}, contiguous along N; got {tuple(up.shape)}, "
                          f"{up.dtype}, column stride {up.stride(1)}")
+    if norm is not None:
+        _check_norm(norm, x)
     block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     blocks = triton.cdiv(N, block_n)
@@ -200,10 +261,15 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     if M and N:
         part = torch.empty((splits, M, N) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
         locks = _locks(x.device) if splits > 1 else part
+        res, w1, w2, h, rows_in = (x, x, x, x, x) if norm is None else (
+            norm.residual, norm.x_weight, norm.x_weight if norm.out_weight is None else norm.out_weight, norm.h,
+            torch.empty((blocks * splits, M, K), dtype=x.dtype, device=x.device))  # each program's input rows
         _gemv_kernel[(blocks, splits)](
-            x, w, out, out if up is None else up, part, locks, M, N, K, split_k, x.stride(0), w.stride(0),
-            out.stride(0), 0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
+            x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in,
+            0.0 if norm is None else float(norm.eps), M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0),
+            0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
             EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=1 if halves else 0 if up is None else 2,
+            NORM=0 if norm is None else 1 if norm.out_weight is None else 2, KB=triton.next_power_of_2(K),
             UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
             num_stages=num_stages, **pdl_launch(x.device))
     return out
@@ -271,14 +337,9 @@ def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -
     gate). The matmul is skinny_linear's (the kernel where `takes_gemv`, else cuBLAS), so are its sums; the
     GELU is the kernel's epilogue, one launch, for the PLE gate and a packed weight of at most
     EPILOGUE_MAX_BYTES, else the gelu kernel after it."""
-    if not takes_gemv(x.shape[0], w):
-        y = F.linear(x, w)
-    elif up is not None:  # gemv reads a row-strided up (a layer's slice of the per-layer inputs) in place
-        return _planned_gemv(x, w, up=up if up.stride(-1) == 1 else up.contiguous())
-    elif w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES:
-        return _planned_gemv(x, w, halves=True)
-    else:
-        y = _planned_gemv(x, w)
+    if _epilogue_takes(x, w, up):
+        return _planned_gemv(x, w, halves=up is None, up=_unit_stride(up))
+    y = _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else F.linear(x, w)
     if up is None:
         y, up = y.split(y.shape[-1] // 2, dim=-1)
     return gelu_tanh_mul(y, up)
@@ -287,3 +348,38 @@ def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -
 @_gelu_linear_op.register_fake
 def _(x, w, up):
     return x.new_empty(x.shape[0], w.shape[0] if up is not None else w.shape[0] // 2)
+
+
+def _unit_stride(up: torch.Tensor | None) -> torch.Tensor | None:
+    """The epilogue's `up` as gemv reads it: a row-strided view (a layer's slice of the per-layer inputs) in
+    place, else a copy with unit column stride."""
+    return up if up is None or up.stride(-1) == 1 else up.contiguous()
+
+
+def _epilogue_takes(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> bool:
+    """Whether gelu_linear forms the GELU in the kernel's epilogue (one launch) for input x."""
+    return takes_gemv(x.shape[0], w) and (up is not None or w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES)
+
+
+@torch.library.custom_op("g4rt::add_norm_gelu_linear", mutates_args=())
+def _add_norm_gelu_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor,
+                             out_weight: torch.Tensor | None, eps: float, w: torch.Tensor,
+                             up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """A residual step and the gated GELU of a projection of it: h = add_normed(residual, x, x_weight), then
+    gelu_linear of h (the PLE gate) or, with out_weight, of rms_norm(h) * out_weight (the MLP after the
+    attention's residual step). Returns (h, the GELU). Where gelu_linear is one launch (`_epilogue_takes`), the
+    residual step is that launch's prologue too (ResidualNorm): one kernel where there were two; else the
+    norm kernel, then gelu_linear."""
+    if not _epilogue_takes(x, w, up):
+        h, z = (add_normed(residual, x, x_weight, eps), None) if out_weight is None else \
+            add_rms_norm(residual, x, x_weight, out_weight, eps)
+        return h, _gelu_linear_op(h if z is None else z, w, up)
+    x, residual = x.contiguous(), residual.contiguous()
+    h = torch.empty_like(residual)
+    norm = ResidualNorm(residual, x_weight.contiguous(), None if out_weight is None else out_weight.contiguous(), eps, h)
+    return h, _planned_gemv(x, w, halves=up is None, up=_unit_stride(up), norm=norm)
+
+
+@_add_norm_gelu_linear_op.register_fake
+def _(residual, x, x_weight, out_weight, eps, w, up):
+    return torch.empty_like(residual), x.new_empty(x.shape[0], w.shape[0] if up is not None else w.shape[0] // 2)

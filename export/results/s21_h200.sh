@@ -4,12 +4,14 @@
 #   prof    batch-1 decode of each of $MODELS (default e4b e2b), this checkout: `bench.engine --config MODEL
 #           --skip-hf --batches 1 --new-tokens 32 --profile`, whose decode_profile record now holds the replayed
 #           graph's exposed time by launch (bench/engine.py replay_exposure)
+#   mm      decode's matmuls role by role at batch 1 for each of $MODELS (default e4b e2b), this checkout:
+#           `bench.engine --config MODEL --matmuls --batches 1` (cuBLAS and the skinny matmul's tiles and splits)
 #   b1      the same for each of $MODELS (default e4b), arms $ARMS (default base new base new base new): base =
 #           ab/base (the tree before), new = this checkout
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s21_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: prof or b1}
+PART=${1:?PART: prof, mm or b1}
 BUDGET=${2:-570}
 TAG=s21-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -28,6 +30,7 @@ batch1() {
 }
 case $PART in
   prof) batch1 150 "e4b e2b" "new" ;;
+  mm) for m in ${MODELS:-e4b e2b}; do arm new 1 mm_$m 150 engine --config $m --matmuls --batches 1; done ;;
   b1) batch1 100 e4b "base new base new base new" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
