@@ -215,3 +215,78 @@ def test_gelu_linear_takes_the_epilogue_for_few_rows_and_the_gelu_kernel_for_mor
         tg.gemv(x[:2], w[:191], halves=True)
     with pytest.raises(ValueError, match=r"gemv's up must be \[2, 192\]"):
         tg.gemv(x[:2], w, up=up[:3])
+
+
+@pytest.mark.parametrize("m,splits", [(1, 1), (3, 3), (8, 1)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_the_residual_prologue_is_the_norm_kernel_then_the_matmul(m, splits, dtype):
+    """The residual step in the prologue (ResidualNorm; ragged N and K, a split launch too): h is the
+    add_normed kernel's and the output what the epilogue launch computes from the add_rms_norm kernel's
+    second output (or, with no out_weight, from h), each within one ulp of them (the norms' sums are taken
+    in another order); the GELU near the fp64 chain; the poisoned h and output written everywhere and nothing
+    past them; the split's counters back at zero; a residual, h or weight of the wrong shape refused by name."""
+    from g4rt.models import blocks
+    from g4rt.plugins import triton_norm as tn
+    g = torch.Generator().manual_seed(7 * m + splits)
+    n, k, config, eps = 70, 300, (16, 64, 4, 2), 1e-6
+    res = torch.randn(m, k, generator=g).to(dtype)
+    x = (3 * torch.randn(m, k, generator=g) + 0.5).to(dtype)
+    w1, w2 = ((1 + 0.3 * torch.randn(k, generator=g)).to(dtype) for _ in range(2))
+    w = (2 * torch.randn(2 * n, k, generator=g) / k ** 0.5).to(dtype)
+    up = torch.randn(m, n, generator=g).to(dtype)
+    ulp = torch.finfo(dtype).eps
+    for out_weight, gelu in ((w2, {"halves": True}), (None, {"up": up})):
+        wg = w if "halves" in gelu else w[:n]
+        h = torch.full((m + 1, k), float("nan"), dtype=dtype)
+        out = torch.full((m + 1, n), float("nan"), dtype=dtype)
+        got = tg.gemv(x, wg, config=config, out=out[:m], splits=splits,
+                      norm=tg.ResidualNorm(res, w1, out_weight, eps, h[:m]), **gelu)
+        assert torch.isfinite(h[:m]).all() and h[m].isnan().all()
+        assert torch.isfinite(out[:m]).all() and out[m].isnan().all()
+        want_h = tn.add_normed(res, x, w1, eps)
+        z = want_h if out_weight is None else tn.add_rms_norm(res, x, w1, out_weight, eps)[1]
+        want = tg.gemv(z, wg, config=config, splits=splits, **gelu)
+        for a, b in ((h[:m], want_h), (got, want)):
+            torch.testing.assert_close(a.float(), b.float(), rtol=ulp, atol=ulp * b.float().abs().max().item())
+        chain = blocks.add_norm_gelu_linear(res.double(), x.double(), w1.double(),
+                                            None if out_weight is None else out_weight.double(), eps, wg.double(),
+                                            None if out_weight is not None else up.double())[1]
+        torch.testing.assert_close(got.double(), chain, rtol=16 * ulp, atol=16 * ulp * chain.abs().max().item())
+    assert not tg._locks(x.device).any()
+    bad = tg.ResidualNorm(res[:, :-1], w1, w2, eps, torch.empty_like(res))
+    with pytest.raises(ValueError, match=r"gemv's residual must be a contiguous \(" + str(m)):
+        tg.gemv(x, w, norm=bad, halves=True)
+    with pytest.raises(ValueError, match=r"gemv's out_weight must be a contiguous \[300\] vector"):
+        tg.gemv(x, w, norm=tg.ResidualNorm(res, w1, w2[:-1], eps, torch.empty_like(res)), halves=True)
+
+
+def test_add_norm_gelu_linear_fuses_for_few_rows_and_is_the_two_kernels_for_more(monkeypatch):
+    """`g4rt::add_norm_gelu_linear`: for up to SKINNY_ROWS rows one launch with the residual step as its
+    prologue (the MLP after the attention's step with out_weight; the PLE gate with an up strided over rows);
+    beyond, the norm kernel then gelu_linear, to the bit; both within an ulp of each other's h."""
+    from g4rt.plugins import triton_norm as tn
+    g = torch.Generator().manual_seed(5)
+    rows, k = tg.SKINNY_ROWS + 1, 96
+    res, x = torch.randn(rows, k, generator=g), 2 * torch.randn(rows, k, generator=g)
+    w1, w2 = 1 + 0.2 * torch.randn(k, generator=g), 1 + 0.2 * torch.randn(k, generator=g)
+    w = torch.randn(192, k, generator=g) / k ** 0.5
+    up = torch.randn(rows, 2, 192, generator=g)[:, 1]
+    launches = []
+    gemv = tg.gemv
+    def recorded(*args, **kwargs):
+        launches.append(kwargs.get("norm") is not None)
+        return gemv(*args, **kwargs)
+    monkeypatch.setattr(tg, "gemv", recorded)
+    for n in (2, rows):
+        for ow, wg, u in ((w2, w, None), (None, w, up[:n])):
+            h, y = torch.ops.g4rt.add_norm_gelu_linear(res[:n], x[:n], w1, ow, 1e-6, wg, u)
+            want_h, z = (tn.add_normed(res[:n], x[:n], w1, 1e-6), None) if ow is None else \
+                tn.add_rms_norm(res[:n], x[:n], w1, ow, 1e-6)
+            want = torch.ops.g4rt.gelu_linear(want_h if z is None else z, wg, u)
+            if n > tg.SKINNY_ROWS:
+                assert torch.equal(h, want_h) and torch.equal(y, want)
+            else:
+                torch.testing.assert_close(h, want_h, rtol=1e-6, atol=1e-6)
+                torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
+    monkeypatch.undo()
+    assert launches == [True, False, True, False]

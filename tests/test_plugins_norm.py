@@ -115,12 +115,13 @@ def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
 @pytest.mark.parametrize("name", ["31b", "e2b", "26b"])
 def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     """What one forward dispatches with the Triton kernels and packed weights: each layer's norms are fused
-    blocks (two `add_rms_norm`, the second ending in the next layer's input norm or the final norm; for
-    PLE models also one `add_normed`; for MoE layers `router_inputs` and `normed_sum`), a KV-shared layer's
-    q norm and RoPE is one `q_norm_rope`, every projection is `skinny_linear` (the op that picks the Triton
-    kernel or cuBLAS by shape) but the two of a gated GELU, the packed gate/up and the PLE gate, which are
-    `gelu_linear` (the GELU in the matmul's epilogue: no `gelu_tanh_mul` of their own), and no residual add,
-    layer scalar, router scale or RoPE is left to ATen (each would be a kernel of its own or Inductor's)."""
+    blocks (the tail's `add_rms_norm`, ending in the next layer's input norm or the final norm; for MoE
+    layers `router_inputs` and `normed_sum`), a KV-shared layer's q norm and RoPE is one `q_norm_rope`, every
+    projection is `skinny_linear` (the op that picks the Triton kernel or cuBLAS by shape) but the two of a
+    gated GELU, the packed gate/up and the PLE gate, which are `add_norm_gelu_linear` with the residual step
+    before them (the step's norms in the matmul's prologue, the GELU in its epilogue: no `add_rms_norm`,
+    `add_normed` or `gelu_tanh_mul` of their own), and no residual add, layer scalar, router scale or RoPE is
+    left to ATen (each would be a kernel of its own or Inductor's)."""
     from collections import Counter
 
     from conftest import tiny_config
@@ -151,11 +152,11 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     ple, moe = cfg.has_ple, cfg.enable_moe_block
     # Projections through `skinny_linear`: per layer q (or the packed q/k/v), o and down; the PLE
     # projection per layer and the per-layer model projection once; the router. The packed gate/up and
-    # the PLE gate are `gelu_linear`.
+    # the PLE gate are `add_norm_gelu_linear`.
     mm = 3 * L + ple * (L + 1) + moe * L
-    assert g4 == {"g4rt::add_rms_norm": 2 * L, "g4rt::qkv_norm_rope": L - shared, "g4rt::skinny_linear": mm,
-                  "g4rt::gelu_linear": L * (1 + ple),
-                  "g4rt::rms_norm": 1 + ple, **({"g4rt::add_normed": L, "g4rt::q_norm_rope": shared} if ple else {}),
+    assert g4 == {"g4rt::add_rms_norm": L, "g4rt::qkv_norm_rope": L - shared, "g4rt::skinny_linear": mm,
+                  "g4rt::add_norm_gelu_linear": L * (1 + ple),
+                  "g4rt::rms_norm": 1 + ple, **({"g4rt::q_norm_rope": shared} if ple else {}),
                   **({k: L for k in ("g4rt::router_inputs", "g4rt::route", "g4rt::moe", "g4rt::normed_sum")}
                      if moe else {})}
     # What ATen still computes is the step's prologue, none of it per layer: the embedding's scale and the
