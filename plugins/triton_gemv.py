@@ -26,7 +26,10 @@ and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 
 and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
 F.linear. The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
 (`g4rt::gelu_linear`): the E4B's step 3.96 -> 3.87 ms, 84 launches fewer; not for the 31B's, which it
-slowed (session 16).
+slowed (session 16). The residual step before such a GELU, its norms included, is this kernel's prologue
+(`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every program forms the input rows whole from L2 into a
+slice of its own, so no norm kernel runs between the projections: the E4B's step 3.835 -> 3.808 ms and the
+E2B's 2.409 -> 2.348, 84 and 70 launches fewer (export/results, session 21).
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations

@@ -9,6 +9,14 @@
 #   b1      the same for each of $MODELS (default e4b), arms $ARMS (default base new base new base new): base =
 #           ab/base (the tree before), new = this checkout
 #
+# The calls (ab/base: ff11de1 in every call):
+#   1  prof  refused (no machine started), ~90 s of the budget
+#   2  b1    MODELS=e4b ARMS="new base new base new base": aac90b1 with plugins/triton_gemv.py as
+#            `export/results/h200_s21_tile_prologue.patch` makes ff11de1's (the prologue tile by tile in the K loop)
+#   3  b1    MODELS=e4b ARMS="new base new base new base", budget 400: aac90b1 (the rows formed whole, per program)
+#   4  mm    MODELS="e4b e2b" (default), budget 330: aac90b1
+#   5  b1    MODELS=e2b ARMS="new base new base new base", budget 330: d845102 (aac90b1's code, its tests)
+#
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s21_h200.sh PART [budget_s]   # default 570 s; results under $OUT
 PART=${1:?PART: prof, mm or b1}
