@@ -222,13 +222,33 @@ def host_edges(prof, region: str, top: int = 8) -> dict:
             "host_top_before_gpu": [[n, round(us / 1e3, 3)] for n, us in ranked]}
 
 
+def exposure(runs: list[tuple[float, float, str, tuple]], top: int = 24) -> dict:
+    """What each kernel adds to the span of a stream's kernels, `runs` as (start µs, end µs, name, grid).
+    Kernels overlap under programmatic dependent launch (a kernel starts while the one before finishes and
+    waits in it), so their summed durations overstate the step; a kernel's exposed time is how far its end
+    passes the latest end of the kernels that started before it (the span is the exposed times plus the idle
+    stretches). Grouped by name and grid, which tells one projection's launch from another's: the `top` groups
+    by exposed time, each as [name, grid, count, exposed ms, summed ms]."""
+    runs = sorted(runs)
+    if not runs:
+        return {"span_ms": 0.0, "idle_ms": 0.0, "kernels": 0, "by_launch": []}
+    groups: dict[tuple, list] = {}
+    reach, idle = runs[0][0], 0.0
+    for start, end, name, grid in runs:
+        idle += max(0.0, start - reach)
+        g = groups.setdefault((name, tuple(grid)), [0, 0.0, 0.0])
+        g[0] += 1
+        g[1] += max(0.0, end - max(start, reach))
+        g[2] += end - start
+        reach = max(reach, end)
+    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])
+    return {"span_ms": round((reach - runs[0][0]) / 1e3, 3), "idle_ms": round(idle / 1e3, 3), "kernels": len(runs),
+            "by_launch": [[name, list(grid), c, round(x / 1e3, 3), round(d / 1e3, 3)]
+                          for (name, grid), (c, x, d) in ranked[:top]]}
+
+
 def replay_exposure(graph, top: int = 24) -> dict:
-    """What each kernel of one profiled replay of a captured graph adds to its span. Kernels overlap under
-    programmatic dependent launch (a kernel starts while the one before finishes and waits in it), so their
-    summed durations overstate the step; a kernel's exposed time is how far its end passes the latest end of
-    the kernels that started before it (the span is the exposed times plus the idle stretches). Grouped by
-    kernel name and grid, which tells one projection's launch from another's: the `top` groups by exposed
-    time, each with its count, exposed and summed milliseconds."""
+    """`exposure` of one profiled replay of a captured graph (its kernels from the profiler's trace)."""
     import json
     import tempfile
 
@@ -238,23 +258,8 @@ def replay_exposure(graph, top: int = 24) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         events = json.load(open(f.name))["traceEvents"]
-    runs = sorted((e["ts"], e["ts"] + e["dur"], e["name"][:60], tuple(e.get("args", {}).get("grid", ())))
-                  for e in events if e.get("cat") == "kernel")
-    if not runs:
-        return {"span_ms": 0.0, "kernels": 0}
-    groups: dict[tuple, list] = {}
-    reach, idle = runs[0][0], 0.0
-    for start, end, name, grid in runs:
-        idle += max(0.0, start - reach)
-        g = groups.setdefault((name, grid), [0, 0.0, 0.0])
-        g[0] += 1
-        g[1] += max(0.0, end - max(start, reach))
-        g[2] += end - start
-        reach = max(reach, end)
-    ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])
-    return {"span_ms": round((reach - runs[0][0]) / 1e3, 3), "idle_ms": round(idle / 1e3, 3), "kernels": len(runs),
-            "by_launch": [[name, list(grid), c, round(x / 1e3, 3), round(d / 1e3, 3)]
-                          for (name, grid), (c, x, d) in ranked[:top]]}
+    return exposure([(e["ts"], e["ts"] + e["dur"], e["name"][:60], tuple(e.get("args", {}).get("grid", ())))
+                     for e in events if e.get("cat") == "kernel"], top)
 
 
 @torch.inference_mode()

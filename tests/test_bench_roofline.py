@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from g4rt.bench.engine import attention_flops, kv_bytes_per_step, matmul_params, roofline, weight_bytes_per_step
+from g4rt.bench.engine import (attention_flops, exposure, kv_bytes_per_step, matmul_params, roofline,
+                              weight_bytes_per_step)
 from g4rt.models.model import Gemma4Model
 
 
@@ -48,3 +49,20 @@ def test_the_serial_floor_adds_the_matmuls_bound_to_the_attentions(e2b):
     assert r["serial_floor_ms"] == pytest.approx((mm / peak + kv / bw) * 1e3, rel=1e-4)
     assert r["serial_floor_ms"] > max(r["roofline_step_ms"], r["flop_floor_ms"])
     assert r["serial_tok_s_total"] == pytest.approx(batch / r["serial_floor_ms"] * 1e3, rel=1e-3)
+
+
+def test_a_kernel_is_charged_only_what_it_adds_past_the_kernels_before_it():
+    """The decode profile's exposed times (bench.engine.exposure): a kernel launched early under PDL that
+    ends inside the one before adds nothing, one that ends after it adds the difference, a gap is idle, and
+    launches group by name and grid; the exposed times and the idle stretches add up to the span."""
+    runs = [(0.0, 10.0, "gemv", (320, 1, 1)),
+            (2.0, 9.0, "norm", (1, 1, 1)),       # started early, ended inside the gemv: nothing exposed
+            (8.0, 14.0, "gemv", (80, 1, 1)),     # 4 past the reach of 10
+            (16.0, 20.0, "gemv", (320, 1, 1)),   # after 2 idle: its whole 4
+            (17.0, 25.0, "norm", (1, 1, 1))]     # 5 past 20
+    got = exposure(runs)
+    assert got["span_ms"] == 0.025 and got["idle_ms"] == 0.002 and got["kernels"] == 5
+    assert got["by_launch"] == [["gemv", [320, 1, 1], 2, 0.014, 0.014], ["norm", [1, 1, 1], 1 + 1, 0.005, 0.015],
+                                ["gemv", [80, 1, 1], 1, 0.004, 0.006]]
+    assert sum(g[3] for g in got["by_launch"]) + got["idle_ms"] == pytest.approx(got["span_ms"])
+    assert exposure([])["by_launch"] == []
