@@ -702,8 +702,9 @@ def main(argv=None) -> int:
     ap.add_argument("--matmuls", action="store_true",
                     help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
     ap.add_argument("--profile", action="store_true",
-                    help="after each inductor run: graph replay time and per-kernel time of one decode step; "
-                         "with --ttft, each prompt's prefill kernels by kind")
+                    help="after each inductor run: graph replay time, per-kernel time of one decode step, and "
+                         "each launch's exposed time in one replay (replay_exposure); with --ttft, each "
+                         "prompt's prefill kernels by kind")
     ap.add_argument("--runtime-checks", action="store_true", help="also run bench/runtime.py's equality check")
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)
