@@ -19,6 +19,8 @@
 #   4  mm    MODELS="e4b e2b" (default), budget 330: aac90b1
 #   5  b1    MODELS=e2b ARMS="new base new base new base", budget 330: d845102 (aac90b1's code, its tests)
 #   6  moe   ARMS="new base new base" (default), budget 520: the session's results commit after d845102 (the same code)
+#   7  b1    MODELS=e2b ARMS=new, budget 140: the commit after 53b1ec4 (the exposure accounting refactored into
+#            bench.engine.exposure; same kernels): 421.2 tok/s, replay 2.359 ms, tokens equal eager
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s21_h200.sh PART [budget_s]   # default 570 s; results under $OUT
