@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import functools
 import gc
+import json
 import statistics
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -249,15 +251,12 @@ def exposure(runs: list[tuple[float, float, str, tuple]], top: int = 24) -> dict
 
 def replay_exposure(graph, top: int = 24) -> dict:
     """`exposure` of one profiled replay of a captured graph (its kernels from the profiler's trace)."""
-    import json
-    import tempfile
-
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         graph.replay()
         sync()
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
-        events = json.load(open(f.name))["traceEvents"]
+        events = json.loads(Path(f.name).read_text())["traceEvents"]
     return exposure([(e["ts"], e["ts"] + e["dur"], e["name"][:60], tuple(e.get("args", {}).get("grid", ())))
                      for e in events if e.get("cat") == "kernel"], top)
 

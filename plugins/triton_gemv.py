@@ -97,7 +97,8 @@ def _residual_rows(x_ptr, stride_x, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, M, K
     c = tl.arange(0, KB)
     ok = c < K
     w1 = tl.load(w1_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    w2 = tl.load(w2_ptr + c, mask=ok, other=0.0).to(tl.float32)
+    if NORM == 2:
+        w2 = tl.load(w2_ptr + c, mask=ok, other=0.0).to(tl.float32)
     for m in range(M):
         x = tl.load(x_ptr + m * stride_x + c, mask=ok, other=0.0)
         res = tl.load(res_ptr + m * K + c, mask=ok, other=0.0).to(tl.float32)
@@ -333,6 +334,22 @@ def _(x, w):
 EPILOGUE_MAX_BYTES = 128 << 20
 
 
+def _unit_stride(up: torch.Tensor | None) -> torch.Tensor | None:
+    """The epilogue's `up` as gemv reads it: a row-strided view (a layer's slice of the per-layer inputs) in
+    place, else a copy with unit column stride."""
+    return up if up is None or up.stride(-1) == 1 else up.contiguous()
+
+
+def _epilogue_takes(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> bool:
+    """Whether gelu_linear forms the GELU in the kernel's epilogue (one launch) for input x."""
+    return takes_gemv(x.shape[0], w) and (up is not None or w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES)
+
+
+def _gelu_out(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
+    """An empty result of gelu_linear: [rows, N] with `up`, [rows, N/2] for a packed gate/up."""
+    return x.new_empty(x.shape[0], w.shape[0] if up is not None else w.shape[0] // 2)
+
+
 @torch.library.custom_op("g4rt::gelu_linear", mutates_args=())
 def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:
     """The gated GELU of a projection, rounded as eager rounds it: gelu_tanh(gate) * up with gate, up the two
@@ -350,18 +367,7 @@ def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -
 
 @_gelu_linear_op.register_fake
 def _(x, w, up):
-    return x.new_empty(x.shape[0], w.shape[0] if up is not None else w.shape[0] // 2)
-
-
-def _unit_stride(up: torch.Tensor | None) -> torch.Tensor | None:
-    """The epilogue's `up` as gemv reads it: a row-strided view (a layer's slice of the per-layer inputs) in
-    place, else a copy with unit column stride."""
-    return up if up is None or up.stride(-1) == 1 else up.contiguous()
-
-
-def _epilogue_takes(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> bool:
-    """Whether gelu_linear forms the GELU in the kernel's epilogue (one launch) for input x."""
-    return takes_gemv(x.shape[0], w) and (up is not None or w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES)
+    return _gelu_out(x, w, up)
 
 
 @torch.library.custom_op("g4rt::add_norm_gelu_linear", mutates_args=())
@@ -374,9 +380,11 @@ def _add_norm_gelu_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: 
     residual step is that launch's prologue too (ResidualNorm): one kernel where there were two; else the
     norm kernel, then gelu_linear."""
     if not _epilogue_takes(x, w, up):
-        h, z = (add_normed(residual, x, x_weight, eps), None) if out_weight is None else \
-            add_rms_norm(residual, x, x_weight, out_weight, eps)
-        return h, _gelu_linear_op(h if z is None else z, w, up)
+        if out_weight is None:
+            h = z = add_normed(residual, x, x_weight, eps)
+        else:
+            h, z = add_rms_norm(residual, x, x_weight, out_weight, eps)
+        return h, _gelu_linear_op(z, w, up)
     x, residual = x.contiguous(), residual.contiguous()
     h = torch.empty_like(residual)
     norm = ResidualNorm(residual, x_weight.contiguous(), None if out_weight is None else out_weight.contiguous(), eps, h)
@@ -385,4 +393,4 @@ def _add_norm_gelu_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: 
 
 @_add_norm_gelu_linear_op.register_fake
 def _(residual, x, x_weight, out_weight, eps, w, up):
-    return torch.empty_like(residual), x.new_empty(x.shape[0], w.shape[0] if up is not None else w.shape[0] // 2)
+    return torch.empty_like(residual), _gelu_out(x, w, up)

@@ -28,18 +28,6 @@ BUDGET=${2:-570}
 TAG=s20-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
-# batch1 CAP DEFAULT_MODELS DEFAULT_ARMS: batch-1 decode of each of $MODELS, arms $ARMS alternated (a process each,
-# CAP seconds at most), records in $OUT/b1_MODEL.jsonl
-batch1() {
-  local cap=$1 m a n; local models=${MODELS:-$2} arms=${ARMS:-$3}
-  for m in $models; do
-    n=0
-    for a in $arms; do
-      n=$((n + 1))
-      arm $a $n b1_$m "$cap" engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
-    done
-  done
-}
 case $PART in
   pre) batch1 150 "${MODEL:-e4b}" "base new pre4 base new pre4" ;;
   merge)

@@ -18,9 +18,10 @@
 #   3  b1    MODELS=e4b ARMS="new base new base new base", budget 400: aac90b1 (the rows formed whole, per program)
 #   4  mm    MODELS="e4b e2b" (default), budget 330: aac90b1
 #   5  b1    MODELS=e2b ARMS="new base new base new base", budget 330: d845102 (aac90b1's code, its tests)
-#   6  moe   ARMS="new base new base" (default), budget 520: the session's results commit after d845102 (the same code)
-#   7  b1    MODELS=e2b ARMS=new, budget 140: the commit after 53b1ec4 (the exposure accounting refactored into
-#            bench.engine.exposure; same kernels): 421.2 tok/s, replay 2.359 ms, tokens equal eager
+#   6  moe   ARMS="new base new base" (default), budget 520: 3ded4bf with this script's moe part (committed in
+#            2a9b82c); the code is aac90b1's
+#   7  b1    MODELS=e2b ARMS=new, budget 140: 7dbdd66 (the exposure accounting refactored into bench.engine.exposure;
+#            same kernels): 421.2 tok/s, replay 2.359 ms, tokens equal eager
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s21_h200.sh PART [budget_s]   # default 570 s; results under $OUT
@@ -29,18 +30,6 @@ BUDGET=${2:-570}
 TAG=s21-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
-# batch1 CAP DEFAULT_MODELS DEFAULT_ARMS: batch-1 decode of each of $MODELS, arms $ARMS alternated (a process each,
-# CAP seconds at most), records in $OUT/b1_MODEL.jsonl
-batch1() {
-  local cap=$1 m a n; local models=${MODELS:-$2} arms=${ARMS:-$3}
-  for m in $models; do
-    n=0
-    for a in $arms; do
-      n=$((n + 1))
-      arm $a $n b1_$m "$cap" engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
-    done
-  done
-}
 case $PART in
   prof) batch1 150 "e4b e2b" "new" ;;
   mm) for m in ${MODELS:-e4b e2b}; do arm new 1 mm_$m 150 engine --config $m --matmuls --batches 1; done ;;
