@@ -22,6 +22,8 @@
 #            2a9b82c); the code is aac90b1's
 #   7  b1    MODELS=e2b ARMS=new, budget 140: 7dbdd66 (the exposure accounting refactored into bench.engine.exposure;
 #            same kernels): 421.2 tok/s, replay 2.359 ms, tokens equal eager
+#   8  b1    MODELS="e2b e4b" ARMS=new, budget 200: 9918f99 (the review: the prologue's second norm weight loaded only
+#            where it is used): E2B 421.7 tok/s, replay 2.363 ms; E4B 261.8 tok/s (57.0 %), 3.798 ms; tokens equal eager
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s21_h200.sh PART [budget_s]   # default 570 s; results under $OUT
