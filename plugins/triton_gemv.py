@@ -34,7 +34,6 @@ Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 th
 """
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -42,7 +41,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, interpreting, pdl, pdl_launch, sm_count
+from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
@@ -70,9 +69,6 @@ NARROW_BYTES = 32 << 20
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
 GEMV_SPLITS = (2, 4, 8)  # runs over K the bench also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
-# A launch's programs ask L2 for at most this share of it of their weight before they wait on the kernel
-# before them (`prefetch_plan`): while that kernel runs, the weight streams in on what bandwidth it leaves.
-PREFETCH_L2_SHARE = 0.25
 
 
 @triton.jit
@@ -80,20 +76,6 @@ def _weight_tile(w_rows, k, K, n_ok, EVEN: tl.constexpr):
     if EVEN:
         return tl.load(w_rows + k[None, :])
     return tl.load(w_rows + k[None, :], mask=n_ok[:, None] & (k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _prefetch_l2(w_rows, k_start, k_end, n_ok, chunk, CHUNKS: tl.constexpr):
-    """Ask L2 for columns [k_start, k_end) of the program's weight rows, CHUNKS runs of `chunk` a row, each
-    one `cp.async.bulk.prefetch.L2` (fire and forget: no register or shared memory holds the data). A run's
-    bytes are cut to a multiple of 16 (the instruction's unit); the host passes 16-byte aligned rows."""
-    lo = k_start + tl.arange(0, CHUNKS) * chunk
-    size = tl.maximum(tl.minimum(lo + chunk, k_end) - lo, 0) * w_rows.dtype.element_ty.primitive_bitwidth // 8
-    size = tl.where(n_ok[:, None], (size // 16 * 16)[None, :], 0)
-    addr = (w_rows + lo[None, :]).to(tl.int64, bitcast=True)
-    tl.inline_asm_elementwise(
-        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-        "=r,l,r", [addr, size], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -153,10 +135,10 @@ def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, eps, M,
-                 N, K, split_k, prefetch_k, prefetch_chunk, stride_x, stride_w, stride_out, stride_up,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr,
-                 PREFETCH: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                 N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_N: tl.constexpr,
+                 BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                 GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for tile column block i. With SPLITS
     > 1 each writes its fp32 partial, and the block's last program to finish (a counter per block, which
     that program resets) adds the partials in split order, so the bits do not depend on which finished last.
@@ -164,8 +146,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
     of the block's pairs: each program holds a gate column and its up column for the epilogue. With NORM
     the input is a residual step formed from x (see ResidualNorm): every program forms all of it itself from
     L2 (a few rows of K elements) into its own slice of in_ptr [programs, M, K] and reads its tiles from there;
-    program (0, 0) also writes h. With PREFETCH (CHUNKS runs a row) the program asks L2 for the `prefetch_k`
-    columns of its rows after its first tile before it waits (`prefetch_plan`)."""
+    program (0, 0) also writes h."""
     pid = tl.program_id(0)
     r = tl.arange(0, BLOCK_N)
     n = pid * BLOCK_N + r  # tile columns: the partials' index
@@ -183,9 +164,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
     k_hi = tl.minimum(k_lo + split_k, K)
     k = k_lo + tl.arange(0, BLOCK_K)
     w = _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K)  # no kernel writes weights: read before the wait
-    if PREFETCH:
-        _prefetch_l2(w_rows, k_lo + BLOCK_K, tl.minimum(k_lo + BLOCK_K + prefetch_k, k_hi), n_ok, prefetch_chunk,
-                     PREFETCH)
     await_inputs(PDL)
     if NORM:
         own = in_ptr + (pid * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * M * K
@@ -248,27 +226,6 @@ def _check_norm(norm: ResidualNorm, x: torch.Tensor) -> None:
             raise ValueError(f"gemv's {name} must be a contiguous [{x.shape[1]}] vector, got {tuple(t.shape)}")
 
 
-@functools.cache
-def l2_bytes(device: torch.device) -> int:
-    """The device's L2 size, looked up once; off CUDA an H200's 50 MiB (as sm_count)."""
-    return torch.cuda.get_device_properties(device).L2_cache_size if device.type == "cuda" else 50 << 20
-
-
-def prefetch_plan(n: int, k: int, split_k: int, block_n: int, block_k: int, num_warps: int, elem_bytes: int,
-                  budget: int) -> tuple[int, int, int]:
-    """How a launch over a weight [n, k] cut into runs of split_k asks L2 for its weight before it waits:
-    (columns a program prefetches after its first tile, a prefetch's columns, prefetches a row), at most
-    `budget` bytes in all, whole 16-byte units; (0, 0, 0) where that is under 128 bytes a row (an L2 line).
-    A row's columns are cut into enough prefetches for every thread of the program to issue one."""
-    unit = max(1, 16 // elem_bytes)
-    runs = triton.cdiv(k, split_k) if k else 1
-    cols = min(split_k - block_k, budget // (n * runs * elem_bytes)) // unit * unit if n else 0
-    if cols * elem_bytes < 128:
-        return 0, 0, 0
-    chunks = min(triton.next_power_of_2(max(1, 32 * num_warps // block_n)), cols // unit)
-    return cols, triton.cdiv(triton.cdiv(cols, chunks), unit) * unit, chunks
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
          out: torch.Tensor | None = None, splits: int = 1, halves: bool = False,
          up: torch.Tensor | None = None, norm: ResidualNorm | None = None) -> torch.Tensor:
@@ -311,16 +268,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         res, w1, w2, h, rows_in = (x, x, x, x, x) if norm is None else (
             norm.residual, norm.x_weight, norm.x_weight if norm.out_weight is None else norm.out_weight, norm.h,
             torch.empty((blocks * splits, M, K), dtype=x.dtype, device=x.device))  # each program's input rows
-        aligned = w.data_ptr() % 16 == 0 and w.stride(0) * w.element_size() % 16 == 0
-        prefetch = prefetch_plan(N, K, split_k, block_n, block_k, num_warps, w.element_size(),
-                                 int(l2_bytes(w.device) * PREFETCH_L2_SHARE)) if aligned and pdl(w.device) else (0, 0, 0)
         _gemv_kernel[(blocks, splits)](
             x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in,
-            0.0 if norm is None else float(norm.eps), M, N, K, split_k, *prefetch[:2], x.stride(0), w.stride(0),
-            out.stride(0), 0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
+            0.0 if norm is None else float(norm.eps), M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0),
+            0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
             EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=1 if halves else 0 if up is None else 2,
             NORM=0 if norm is None else 1 if norm.out_weight is None else 2, KB=triton.next_power_of_2(K),
-            PREFETCH=prefetch[2], UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
+            UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
             num_stages=num_stages, **pdl_launch(x.device))
     return out
 
