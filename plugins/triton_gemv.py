@@ -65,11 +65,13 @@ NARROW_SPLIT_MIN_K = 1536
 # projections); beyond it, cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the step on the
 # H200, before the cut over K existed (export/results, session 13).
 NARROW_BYTES = 32 << 20
-# The packed gate/up with its GELU in the epilogue takes MODEL_CONFIG's tile at 3 stages, not 4 (gemv_plan's
-# `packed_gelu`): on the H200 at batch 1 the E4B's step took 3.765 ms against 3.804 (its 42 gate/up launches
-# 1.192 ms against 1.231); every MODEL_CONFIG launch at 3 stages took it to 3.912, the split down_proj slower
-# (export/results, session 22).
+# The packed gate/up with its GELU in the epilogue takes MODEL_CONFIG's tile at 3 stages, not 4, from K of
+# PACKED_GELU_MIN_K on (gemv_plan's `packed_gelu`): on the H200 at batch 1 the E4B's step (K 2,560) took 3.765 ms
+# against 3.804, its 42 gate/up launches 1.192 ms against 1.231; the E2B's (K 1,536) 2.369-2.382 against
+# 2.343-2.358, its 20 wide gate/up launches 0.5 us slower each; every MODEL_CONFIG launch of the E4B at 3 stages,
+# 3.912, the split down_proj slower (export/results, session 22).
 PACKED_GELU_CONFIG = (*MODEL_CONFIG[:3], 3)
+PACKED_GELU_MIN_K = 2560
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
@@ -287,7 +289,8 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
 def gemv_plan(n: int, k: int, device: torch.device,
               packed_gelu: bool = False) -> tuple[tuple[int, int, int, int], int]:
     """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
-    a program (PACKED_GELU_CONFIG for a packed gate/up with the GELU epilogue, `packed_gelu`); for a narrower
+    a program (PACKED_GELU_CONFIG for a packed gate/up with the GELU epilogue, `packed_gelu`, and K of at least
+    PACKED_GELU_MIN_K); for a narrower
     weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut into enough runs (at most MAX_SPLITS) for
     every SM to get a program; else the widest tile of NARROW_CONFIGS whose column blocks give 3/5 of the SMs
     a program; else, with K of at least NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way;
@@ -298,7 +301,7 @@ def gemv_plan(n: int, k: int, device: torch.device,
         return config, min(MAX_SPLITS, triton.cdiv(sms, triton.cdiv(n, config[0])))
 
     if triton.cdiv(n, MODEL_CONFIG[0]) >= sms:
-        return PACKED_GELU_CONFIG if packed_gelu else MODEL_CONFIG, 1
+        return PACKED_GELU_CONFIG if packed_gelu and k >= PACKED_GELU_MIN_K else MODEL_CONFIG, 1
     if k >= SPLIT_MIN_K:
         return cut(MODEL_CONFIG)
     for config in (MODEL_CONFIG, *NARROW_CONFIGS):

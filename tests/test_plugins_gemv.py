@@ -135,22 +135,25 @@ def test_the_plan_gives_every_sm_a_program_or_three_fifths_of_them():
 
 
 def test_the_packed_gate_up_with_its_gelu_takes_three_stages_where_model_config_is_unsplit(monkeypatch):
-    """A packed gate/up with the GELU epilogue (the E2B's and E4B's MLP) takes PACKED_GELU_CONFIG: MODEL_CONFIG's
-    tile (so the sums' order) at 3 stages; a split or narrow plan is the same with or without the epilogue (the
-    26B-A4B's packed gate/up [4,224 x 2,816] keeps its 32-column tile); the plain launch keeps MODEL_CONFIG."""
+    """A packed gate/up with the GELU epilogue and K of at least PACKED_GELU_MIN_K (the E4B's MLP) takes
+    PACKED_GELU_CONFIG: MODEL_CONFIG's tile (so the sums' order) at 3 stages; a shorter K (the E2B's 1,536), a
+    split or narrow plan is the same with or without the epilogue (the 26B-A4B's packed gate/up [4,224 x 2,816]
+    keeps its 32-column tile); the plain launch keeps MODEL_CONFIG."""
     cpu = torch.device("cpu")
     assert tg.PACKED_GELU_CONFIG[:3] == tg.MODEL_CONFIG[:3] and tg.PACKED_GELU_CONFIG[3] == 3
     assert tg.gemv_plan(20480, 2560, cpu, packed_gelu=True) == (tg.PACKED_GELU_CONFIG, 1)
     assert tg.gemv_plan(20480, 2560, cpu) == (tg.MODEL_CONFIG, 1)
-    for n, k in ((4224, 2816), (2560, 10240), (256, 2560)):
+    for n, k in ((4224, 2816), (2560, 10240), (256, 2560), (24576, 1536), (12288, 1536)):
         assert tg.gemv_plan(n, k, cpu, packed_gelu=True) == tg.gemv_plan(n, k, cpu)
     configs = []
     monkeypatch.setattr(tg, "gemv", lambda x, w, config, **kw: configs.append((config, kw.get("halves", False)))
                         or x.new_empty(x.shape[0], w.shape[0] // (2 if kw.get("halves") else 1)))
-    w = torch.zeros(tg.MODEL_CONFIG[0] * 132, 16)
-    torch.ops.g4rt.gelu_linear(torch.zeros(1, 16), w, None)
-    torch.ops.g4rt.skinny_linear(torch.zeros(1, 16), w)
-    assert configs == [(tg.PACKED_GELU_CONFIG, True), (tg.MODEL_CONFIG, False)]
+    k = tg.PACKED_GELU_MIN_K
+    w = torch.zeros(tg.MODEL_CONFIG[0] * 132, k)
+    torch.ops.g4rt.gelu_linear(torch.zeros(1, k), w, None)
+    torch.ops.g4rt.skinny_linear(torch.zeros(1, k), w)
+    torch.ops.g4rt.gelu_linear(torch.zeros(1, k - 8), w[:, 8:], None)
+    assert configs == [(tg.PACKED_GELU_CONFIG, True), (tg.MODEL_CONFIG, False), (tg.MODEL_CONFIG, True)]
 
 
 @pytest.mark.parametrize("splits", [2, 3, 5])
