@@ -305,18 +305,20 @@ def _graph_ms(fn, reps: int) -> float:
     return statistics.median(replay_times(graph, reps))
 
 
-def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
-    """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of
-    GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest narrow tile at GEMV_SPLITS runs over K: its values
-    against cuBLAS's on the first weight (before any timing), then the median graph replay; the fastest
-    (tile + [splits]) and its time as `best_config` and `ms` (None if none ran), every one's beside it, and
-    the plan `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`)."""
+def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: list | None = None) -> dict:
+    """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of `plans`
+    ((tile, splits) pairs; default GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest narrow tile at
+    GEMV_SPLITS runs over K) and the op's own: its values against cuBLAS's on the first weight (before any
+    timing), then the median graph replay; the fastest (tile + [splits]) and its time as `best_config` and
+    `ms` (None if none ran), every one's beside it, and the plan `g4rt::skinny_linear` takes for the shape
+    with its time (`op_config`, `op_ms`)."""
     from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
     op = tg.gemv_plan(*mats[0].shape, x.device)
-    plans = [(c, 1) for c in tg.GEMV_CONFIGS]
-    plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in tg.GEMV_SPLITS]
-    plans += [op] if op not in plans else []
+    if plans is None:
+        plans = [(c, 1) for c in tg.GEMV_CONFIGS]
+        plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in tg.GEMV_SPLITS]
+    plans = plans + ([op] if op not in plans else [])
     tried, best = [], None
     for cfg, splits in plans:
         name = [*cfg, splits]

@@ -9,9 +9,10 @@
 #   1  b1    ARMS="base new ef base new ef base new ef" MODELS=e4b, budget 575: 694a60f (every gemv program asks L2
 #            for the start of its weight rows before it waits, `h200_s22_prefetch.patch`); ef = 694a60f with
 #            `h200_s22_evict_first.patch` (the weight tiles loaded evict-first)
-#   2  (no part) the tile sweep, at f83b15b's s22_gemv_sweep.py:
+#   2  (no part) the tile sweep at f83b15b, where bench/gemv_sweep.py was export/results/s22_gemv_sweep.py:
 #            for s in "2560 10240 24" "2560 2048 48" "20480 2560 12" "1536 6144 24"; do set -- $s
 #              python3 export/results/s22_gemv_sweep.py --shape $1 $2 --layers $3 --out $OUT/sweep.jsonl; done
+#            (now `python -m g4rt.bench.gemv_sweep --shape $1 $2 --layers $3 --out $OUT`, records in gemv_sweep.jsonl)
 #   3  b1    ARMS="base s3 s3g base s3 s3g base s3 s3g" MODELS=e4b, budget 560: s3 = f83b15b with MODEL_CONFIG at 3
 #            stages; s3g = f83b15b with the packed gate/up's GELU launches at 3 stages (what 1331d58 commits)
 #   4  b1    ARMS="base new base new base new" MODELS=e2b, budget 330, then ARMS="new new" MODELS=e4b, budget 150:
