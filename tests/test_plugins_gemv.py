@@ -146,8 +146,11 @@ def test_the_packed_gate_up_with_its_gelu_takes_three_stages_where_model_config_
     for n, k in ((4224, 2816), (2560, 10240), (256, 2560), (24576, 1536), (12288, 1536)):
         assert tg.gemv_plan(n, k, cpu, packed_gelu=True) == tg.gemv_plan(n, k, cpu)
     configs = []
-    monkeypatch.setattr(tg, "gemv", lambda x, w, config, **kw: configs.append((config, kw.get("halves", False)))
-                        or x.new_empty(x.shape[0], w.shape[0] // (2 if kw.get("halves") else 1)))
+
+    def recorded(x, w, config, halves=False, **kw):  # the launch's plan, not the launch
+        configs.append((config, halves))
+        return x.new_empty(x.shape[0], w.shape[0] // (2 if halves else 1))
+    monkeypatch.setattr(tg, "gemv", recorded)
     k = tg.PACKED_GELU_MIN_K
     w = torch.zeros(tg.MODEL_CONFIG[0] * 132, k)
     torch.ops.g4rt.gelu_linear(torch.zeros(1, k), w, None)
