@@ -6,8 +6,7 @@ the MoE router's `route` are written as Hugging Face writes them; `skinny_linear
 projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py), and
 `gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate), which that kernel forms in
 its epilogue; `add_norm_gelu_linear` a residual step and the gated GELU of a projection of it, whose norms
-the kernel forms in its prologue; `linear_add_rms_norm` a projection and the residual step after it, which
-the kernel's last program forms.
+the kernel forms in its prologue.
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -95,14 +94,6 @@ def add_rms_norm(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor
     return h, rms_norm(h, out_weight, eps)
 
 
-def linear_add_rms_norm(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, x_weight: torch.Tensor,
-                        out_weight: torch.Tensor, eps: float,
-                        scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`add_rms_norm` of a projection, F.linear(x, w): a layer's tail after its PLE projection, which the skinny
-    matmul's last program forms at decode (no launch of its own)."""
-    return add_rms_norm(residual, F.linear(x, w), x_weight, out_weight, eps, scale)
-
-
 def add_norm_gelu_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor,
                          out_weight: torch.Tensor | None, eps: float, w: torch.Tensor,
                          up: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -143,5 +134,4 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
              "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
-             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear,
-             "linear_add_rms_norm": linear_add_rms_norm}
+             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear}

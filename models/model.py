@@ -297,14 +297,12 @@ class DecoderLayer(nn.Module):
             m = block("normed_sum", self.kernels, m, self.post_feedforward_layernorm_1.weight, self.experts(e, idx, w),
                       self.post_feedforward_layernorm_2.weight, eps)
         post = self.post_feedforward_layernorm
+        if self.has_ple:  # h + post(m), and the PLE gate's GELU of it: one block
+            h, g = block("add_norm_gelu_linear", self.kernels, h, m, post.weight, None, eps,
+                         self.per_layer_input_gate.weight, ple)
+            m, post = self.per_layer_projection(g), self.post_per_layer_input_norm
         # The tail: h + post(m), times layer_scalar, then the next input norm, in one block.
-        if not self.has_ple:
-            return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm_weight, eps, self.layer_scalar)
-        # h + post(m), and the PLE gate's GELU of it: one block; then the PLE projection and the tail after it.
-        h, g = block("add_norm_gelu_linear", self.kernels, h, m, post.weight, None, eps,
-                     self.per_layer_input_gate.weight, ple)
-        return block("linear_add_rms_norm", self.kernels, g, self.per_layer_projection.weight, h,
-                     self.post_per_layer_input_norm.weight, next_norm_weight, eps, self.layer_scalar)
+        return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm_weight, eps, self.layer_scalar)
 
 
 def _round_to(x: float, dtype: torch.dtype) -> float:

@@ -42,7 +42,7 @@ import triton
 import triton.language as tl
 
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
-from .triton_norm import add_normed, add_rms_norm, add_rms_normed, gelu_tanh_mul, gelu_tanh_rounded
+from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
@@ -141,29 +141,11 @@ def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N
 
 
 @triton.jit
-def _tail_rows(out_ptr, stride_out, res_ptr, w1_ptr, scale_ptr, w2_ptr, h_ptr, z_ptr, M, eps, D: tl.constexpr,
-               KB: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """The residual step after the matmul, from its output rows out [M, D] (which the launch's other programs
-    stored: read past L1): h = residual + rms_norm(out) * w1 [times the scale] and z = rms_norm(h) * w2, to
-    h_ptr and z_ptr [M, D], by the norm kernel's math (add_rms_normed). A row at a time, whole (KB >= D lanes)."""
-    c = tl.arange(0, KB)
-    ok = c < D
-    xw = tl.load(w1_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    ow = tl.load(w2_ptr + c, mask=ok, other=0.0).to(tl.float32)
-    for m in range(M):
-        x = tl.load(out_ptr + m * stride_out + c, mask=ok, other=0.0, cache_modifier=".cg").to(tl.float32)
-        res = tl.load(res_ptr + m * D + c, mask=ok, other=0.0).to(tl.float32)
-        h, z = add_rms_normed(res, x, xw, scale_ptr, ow, eps, h_ptr, D, HAS_SCALE)
-        tl.store(h_ptr + m * D + c, h, mask=ok)
-        tl.store(z_ptr + m * D + c, z, mask=ok)
-
-
-@triton.jit
-def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, scale_ptr,
-                 eps, M, N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_N: tl.constexpr,
+def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, eps, M,
+                 N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
-                 GELU: tl.constexpr, NORM: tl.constexpr, TAIL: tl.constexpr, HAS_SCALE: tl.constexpr,
-                 KB: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr, PDL: tl.constexpr):
+                 GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for tile column block i. With SPLITS
     > 1 each writes its fp32 partial, and the block's last program to finish (a counter per block, which
     that program resets) adds the partials in split order, so the bits do not depend on which finished last.
@@ -171,10 +153,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
     of the block's pairs: each program holds a gate column and its up column for the epilogue. With NORM
     the input is a residual step formed from x (see ResidualNorm): every program forms all of it itself from
     L2 (a few rows of K elements) into its own slice of in_ptr [programs, M, K] and reads its tiles from there;
-    program (0, 0) also writes h. With TAIL (= N; unsplit, no GELU) the output is followed by a residual step
-    (see ResidualTail): the launch's last program to store its block (counter lock_ptr[0], which it resets)
-    forms it from the whole output, h to h_ptr and the norm of h to in_ptr. KB: lanes of the rows the prologue
-    (K) or the tail (N) forms whole."""
+    program (0, 0) also writes h."""
     pid = tl.program_id(0)
     r = tl.arange(0, BLOCK_N)
     n = pid * BLOCK_N + r  # tile columns: the partials' index
@@ -207,12 +186,6 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
         acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
     if SPLITS == 1:
         _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N, GELU)
-        if TAIL:
-            tl.debug_barrier()  # every thread's block stored before the counter's release
-            if tl.atomic_add(lock_ptr, 1, sem="acq_rel") == tl.num_programs(0) - 1:
-                _tail_rows(out_ptr, stride_out, res_ptr, w1_ptr, scale_ptr, w2_ptr, h_ptr, in_ptr, M, eps, TAIL, KB,
-                           HAS_SCALE)
-                tl.atomic_xchg(lock_ptr, 0)
     else:
         part_ok = m_ok[:, None] & n_ok[None, :]
         part = part_ptr + m[:, None] * N + n[None, :]  # partials [SPLITS, M, N], fp32
@@ -231,8 +204,8 @@ LOCKS = 4096  # column blocks a split launch may have (a split weight has fewer 
 
 
 def _locks(device: torch.device) -> torch.Tensor:
-    """The split launches' counters, one per column block, and the tail launches' one (the first), zero between
-    launches (each block's last program resets its own, a tail's last program the first). One fixed buffer per device, never replaced, so every CUDA graph keeps the counters it
+    """The split launches' counters, one per column block, zero between launches (each block's last program
+    resets its own). One fixed buffer per device, never replaced, so every CUDA graph keeps the counters it
     was captured with; launches on a device run in one stream order, as every engine's do."""
     if device not in _LOCKS:
         _LOCKS[device] = torch.zeros(LOCKS, dtype=torch.int32, device=device)
@@ -250,20 +223,6 @@ class ResidualNorm(NamedTuple):
     h: torch.Tensor
 
 
-class ResidualTail(NamedTuple):
-    """A residual step formed from the matmul's output y [M, N], in the launch's last program: h = residual +
-    rms_norm(y) * x_weight [times `scale`, a [1] tensor], written to `h`, and rms_norm(h) * out_weight to `z`
-    (add_rms_norm's outputs: a layer's tail after its PLE projection). residual, h and z are [M, N] and
-    contiguous."""
-    residual: torch.Tensor
-    x_weight: torch.Tensor
-    out_weight: torch.Tensor
-    scale: torch.Tensor | None
-    eps: float
-    h: torch.Tensor
-    z: torch.Tensor
-
-
 def _check_norm(norm: ResidualNorm, x: torch.Tensor) -> None:
     for name, t in (("residual", norm.residual), ("h", norm.h)):
         if t.shape != x.shape or t.dtype != x.dtype or not t.is_contiguous():
@@ -274,30 +233,16 @@ def _check_norm(norm: ResidualNorm, x: torch.Tensor) -> None:
             raise ValueError(f"gemv's {name} must be a contiguous [{x.shape[1]}] vector, got {tuple(t.shape)}")
 
 
-def _check_tail(tail: ResidualTail, like: torch.Tensor) -> None:
-    for name, t in (("residual", tail.residual), ("h", tail.h), ("z", tail.z)):
-        if t.shape != like.shape or t.dtype != like.dtype or not t.is_contiguous():
-            raise ValueError(f"gemv's tail {name} must be a contiguous {tuple(like.shape)} {like.dtype} like its "
-                             f"output; got {tuple(t.shape)} {t.dtype}{'' if t.is_contiguous() else ', not contiguous'}")
-    for name, t in (("x_weight", tail.x_weight), ("out_weight", tail.out_weight)):
-        if t.shape != (like.shape[1],) or not t.is_contiguous():
-            raise ValueError(f"gemv's tail {name} must be a contiguous [{like.shape[1]}] vector, got {tuple(t.shape)}")
-    if tail.scale is not None and tail.scale.numel() != 1:
-        raise ValueError(f"gemv's tail scale must hold one value (the layer_scalar), got {tuple(tail.scale.shape)}")
-
-
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
          out: torch.Tensor | None = None, splits: int = 1, halves: bool = False,
-         up: torch.Tensor | None = None, norm: ResidualNorm | None = None,
-         tail: ResidualTail | None = None) -> torch.Tensor:
+         up: torch.Tensor | None = None, norm: ResidualNorm | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride) times w [N, K] (unit column stride) transposed ->
     [M, N] in x's dtype, as F.linear(x, w) computes it up to the order of the fp32 sums. `config`:
     (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it;
     `splits`: runs of whole BLOCK_K tiles K is cut into (fewer where K has fewer tiles). With the gated
     GELU in the epilogue, rounded as the gelu kernel rounds the matmul's output: `halves`, w's rows are
     gate then up and the result is gelu_tanh(gate) * up [M, N/2]; `up` [M, N], it is gelu_tanh(x w^T) * up.
-    With `norm`, the matmul's input is the residual step it describes, formed from x (ResidualNorm); with
-    `tail`, the residual step it describes follows from the output (ResidualTail: unsplit, no GELU, no norm)."""
+    With `norm`, the matmul's input is the residual step it describes, formed from x (ResidualNorm)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got x {tuple(x.shape)} and w {tuple(w.shape)}")
     M, K = x.shape
@@ -317,8 +262,6 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     if norm is not None:
         _check_norm(norm, x)
     block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
-    if tail is not None and (splits > 1 or halves or up is not None or norm is not None):
-        raise ValueError("gemv's tail takes an unsplit launch without GELU or prologue")
     block_k = min(block_k, max(16, triton.next_power_of_2(K)))
     blocks = triton.cdiv(N, block_n)
     split_k = triton.cdiv(triton.cdiv(K, block_k), max(1, splits)) * block_k
@@ -326,28 +269,20 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     if splits > 1 and blocks > LOCKS:
         raise ValueError(f"a split launch takes at most {LOCKS} column blocks, got {blocks}: split a narrower weight")
     out = torch.empty((M, N // 2 if halves else N), dtype=x.dtype, device=x.device) if out is None else out
-    if tail is not None:
-        _check_tail(tail, out)
     if M and N:
         part = torch.empty((splits, M, N) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
-        locks = _locks(x.device) if splits > 1 or tail is not None else part
-        res, w1, w2, h, rows_in, scale, eps = (x, x, x, x, x, x, 0.0)
-        if norm is not None:
-            res, w1, w2, h, eps = (norm.residual, norm.x_weight, norm.x_weight if norm.out_weight is None
-                                   else norm.out_weight, norm.h, norm.eps)
-            rows_in = torch.empty((blocks * splits, M, K), dtype=x.dtype, device=x.device)  # each program's rows
-        if tail is not None:
-            res, w1, w2, h, rows_in, eps = tail.residual, tail.x_weight, tail.out_weight, tail.h, tail.z, tail.eps
-            scale = x if tail.scale is None else tail.scale
+        locks = _locks(x.device) if splits > 1 else part
+        res, w1, w2, h, rows_in = (x, x, x, x, x) if norm is None else (
+            norm.residual, norm.x_weight, norm.x_weight if norm.out_weight is None else norm.out_weight, norm.h,
+            torch.empty((blocks * splits, M, K), dtype=x.dtype, device=x.device))  # each program's input rows
         _gemv_kernel[(blocks, splits)](
-            x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in, scale, float(eps), M, N, K,
-            split_k, x.stride(0), w.stride(0), out.stride(0), 0 if up is None else up.stride(0), BLOCK_N=block_n,
-            BLOCK_K=block_k, SPLITS=splits, EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0,
-            GELU=1 if halves else 0 if up is None else 2, NORM=0 if norm is None else 1 if norm.out_weight is None
-            else 2, TAIL=0 if tail is None else N, HAS_SCALE=tail is not None and tail.scale is not None,
-            KB=triton.next_power_of_2(N if tail is not None else K), UPCAST=interpreting(),
-            PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps, num_stages=num_stages,
-            **pdl_launch(x.device))
+            x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in,
+            0.0 if norm is None else float(norm.eps), M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0),
+            0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
+            EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=1 if halves else 0 if up is None else 2,
+            NORM=0 if norm is None else 1 if norm.out_weight is None else 2, KB=triton.next_power_of_2(K),
+            UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
+            num_stages=num_stages, **pdl_launch(x.device))
     return out
 
 
@@ -469,31 +404,3 @@ def _add_norm_gelu_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: 
 @_add_norm_gelu_linear_op.register_fake
 def _(residual, x, x_weight, out_weight, eps, w, up):
     return torch.empty_like(residual), _gelu_out(x, w, up)
-
-
-# Rows up to which the matmul before a layer's tail forms the tail in its last program (`linear_add_rms_norm`):
-# that program forms the rows one after another, where the norm kernel gives each row a program of its own.
-TAIL_MAX_ROWS = 1
-
-
-@torch.library.custom_op("g4rt::linear_add_rms_norm", mutates_args=())
-def _linear_add_rms_norm_op(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor, x_weight: torch.Tensor,
-                            out_weight: torch.Tensor, eps: float,
-                            scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """add_rms_norm of a projection: the residual step h = residual + rms_norm(F.linear(x, w)) * x_weight [times
-    scale], and rms_norm(h) * out_weight (a layer's tail after its PLE projection). The matmul is skinny_linear's.
-    Where its plan is one unsplit launch and x has at most TAIL_MAX_ROWS rows, the launch's last program forms
-    the step (ResidualTail): one kernel where there were two; else the norm kernel after it."""
-    config, splits = gemv_plan(*w.shape, x.device)
-    if not (takes_gemv(x.shape[0], w) and splits == 1 and x.shape[0] <= TAIL_MAX_ROWS):
-        return add_rms_norm(residual, _skinny_linear_op(x, w), x_weight, out_weight, eps, scale)
-    residual = residual.contiguous()
-    h, z = torch.empty_like(residual), torch.empty_like(residual)
-    tail = ResidualTail(residual, x_weight.contiguous(), out_weight.contiguous(), scale, eps, h, z)
-    gemv(x.contiguous(), w, config, tail=tail)
-    return h, z
-
-
-@_linear_add_rms_norm_op.register_fake
-def _(x, w, residual, x_weight, out_weight, eps, scale=None):
-    return torch.empty_like(residual), torch.empty_like(residual)

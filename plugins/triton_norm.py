@@ -212,33 +212,22 @@ def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Te
 
 
 @triton.jit
-def add_rms_normed(res, x, xw, scale_ptr, ow, eps, h_ptr, D: tl.constexpr, HAS_SCALE: tl.constexpr):
-    """The tail's math on fp32 rows already loaded (a [BLOCK] row or a [ROWS, BLOCK] tile of D values, masked lanes
-    0; the weights xw and ow fp32 [BLOCK]): h = res + norm(x) * xw [times the scale at scale_ptr], rounded as eager
-    rounds it (the norm's product, the sum, then the product), and z = norm(h) * ow, both in h_ptr's type. Shared
-    by the norm kernel and the skinny matmul's tail (triton_gemv.py), so both compute the same bits."""
-    dtype = h_ptr.dtype.element_ty
-    h = (res + (x / _rms(x, D, eps) * xw).to(dtype).to(tl.float32)).to(dtype)
-    if HAS_SCALE:  # the layer_scalar: eager rounds the sum, then the product
-        h = (h.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
-    hf = h.to(tl.float32)
-    return h, (hf / _rms(hf, D, eps) * ow).to(dtype)
-
-
-@triton.jit
 def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_ptr, eps, rows, D: tl.constexpr,
                          BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr, ROWS: tl.constexpr,
                          PDL: tl.constexpr):
     await_inputs(PDL)
     at, ok, c, c_ok = _row_tile(rows, D, BLOCK, ROWS)
+    dtype = h_ptr.dtype.element_ty
     x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    res = tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    h, z = add_rms_normed(res, x, tl.load(xw_ptr + c, mask=c_ok, other=0.0).to(tl.float32), scale_ptr,
-                          tl.load(ow_ptr + c, mask=c_ok, other=0.0).to(tl.float32), eps, h_ptr, D,
-                          HAS_SCALE)
+    y = x / _rms(x, D, eps) * tl.load(xw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    h = (tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
+    if HAS_SCALE:  # the layer_scalar: eager rounds the sum, then the product
+        h = (h.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
     tl.store(h_ptr + at, h, mask=ok)
-    if HAS_OUT:  # else z is never formed: the compiler drops what only it needs
-        tl.store(out_ptr + at, z, mask=ok)
+    if HAS_OUT:
+        hf = h.to(tl.float32)
+        z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+        tl.store(out_ptr + at, z.to(dtype), mask=ok)
 
 
 def _add_norm_launch(residual, x, x_weight, scale, out_weight, eps):

@@ -1,5 +1,4 @@
-"""The skinny-matmul kernel (plugins/triton_gemv.py) against an fp64 matmul, under the Triton interpreter (the tail
-launch also on a GPU: `TRITON_INTERPRET=0 pytest -k on_the_gpu` there)."""
+"""The skinny-matmul kernel (plugins/triton_gemv.py) against an fp64 matmul, under the Triton interpreter."""
 from __future__ import annotations
 
 import os
@@ -284,93 +283,6 @@ def test_the_residual_prologue_is_the_norm_kernel_then_the_matmul(m, splits, dty
         tg.gemv(x, w, norm=bad, halves=True)
     with pytest.raises(ValueError, match=r"gemv's out_weight must be a contiguous \[300\] vector"):
         tg.gemv(x, w, norm=tg.ResidualNorm(res, w1, w2[:-1], eps, torch.empty_like(res)), halves=True)
-
-
-@pytest.mark.parametrize("m", [1, 3])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_the_residual_tail_is_the_matmul_then_the_norm_kernel(m, dtype):
-    """The residual step after the matmul (ResidualTail; ragged N and K, several programs): the output is the
-    plain launch's and h and z the add_rms_norm kernel's on it, to the bit (the same math, add_rms_normed), with
-    the layer scalar and without; near the fp64 chain; the poisoned outputs written everywhere and nothing past
-    them; the counter back at zero; a tail on a split launch, or a residual or weight of the wrong shape, refused
-    by name."""
-    from g4rt.models import blocks
-    from g4rt.plugins import triton_norm as tn
-    g = torch.Generator().manual_seed(11 * m)
-    n, k, config, eps = 70, 300, (16, 64, 4, 2), 1e-6
-    x = torch.randn(m, k, generator=g).to(dtype)
-    w = (2 * torch.randn(n, k, generator=g) / k ** 0.5).to(dtype)
-    res = torch.randn(m, n, generator=g).to(dtype)
-    w1, w2 = ((1 + 0.3 * torch.randn(n, generator=g)).to(dtype) for _ in range(2))
-    ulp = torch.finfo(dtype).eps
-    for scale in (None, torch.tensor([0.7], dtype=dtype)):
-        h, z, out = (torch.full((m + 1, n), float("nan"), dtype=dtype) for _ in range(3))
-        got = tg.gemv(x, w, config=config, out=out[:m], tail=tg.ResidualTail(res, w1, w2, scale, eps, h[:m], z[:m]))
-        assert all(torch.isfinite(t[:m]).all() and t[m].isnan().all() for t in (h, z, out))
-        y = tg.gemv(x, w, config=config)
-        assert torch.equal(got, y)
-        want_h, want_z = tn.add_rms_norm(res, y, w1, w2, eps, scale)
-        assert torch.equal(h[:m], want_h) and torch.equal(z[:m], want_z)
-        chain = blocks.linear_add_rms_norm(x.double(), w.double(), res.double(), w1.double(), w2.double(), eps,
-                                           None if scale is None else scale.double())
-        for a, b in zip((h[:m], z[:m]), chain):
-            torch.testing.assert_close(a.double(), b, rtol=16 * ulp, atol=16 * ulp * b.abs().max().item())
-    assert not tg._locks(x.device).any()
-    tail = tg.ResidualTail(res, w1, w2, None, eps, torch.empty_like(res), torch.empty_like(res))
-    with pytest.raises(ValueError, match="tail takes an unsplit launch"):
-        tg.gemv(x, w, config=config, splits=2, tail=tail)
-    with pytest.raises(ValueError, match=r"gemv's tail residual must be a contiguous \(" + str(m)):
-        tg.gemv(x, w, config=config, tail=tail._replace(residual=res[:, :-1]))
-    with pytest.raises(ValueError, match=r"gemv's tail out_weight must be a contiguous \[70\] vector"):
-        tg.gemv(x, w, config=config, tail=tail._replace(out_weight=w2[:-1]))
-
-
-def test_linear_add_rms_norm_fuses_for_one_row_and_is_the_two_kernels_for_more(monkeypatch):
-    """`g4rt::linear_add_rms_norm` (a layer's tail after its PLE projection): for up to TAIL_MAX_ROWS rows one
-    launch whose last program forms the residual step; beyond, skinny_linear then the add_rms_norm kernel; both
-    to the bit what those two compute, for the rows each takes."""
-    from g4rt.plugins import triton_norm as tn
-    g = torch.Generator().manual_seed(6)
-    rows, n, k = tg.TAIL_MAX_ROWS + 2, 96, 48
-    x, w = torch.randn(rows, k, generator=g), torch.randn(n, k, generator=g) / k ** 0.5
-    res = torch.randn(rows, n, generator=g)
-    w1, w2 = 1 + 0.2 * torch.randn(n, generator=g), 1 + 0.2 * torch.randn(n, generator=g)
-    scale = torch.tensor([0.8])
-    launches = []
-    gemv = tg.gemv
-    def recorded(*args, **kwargs):
-        launches.append(kwargs.get("tail") is not None)
-        return gemv(*args, **kwargs)
-    monkeypatch.setattr(tg, "gemv", recorded)
-    for r in (tg.TAIL_MAX_ROWS, rows):
-        got = torch.ops.g4rt.linear_add_rms_norm(x[:r], w, res[:r], w1, w2, 1e-6, scale)
-        want = tn.add_rms_norm(res[:r], torch.ops.g4rt.skinny_linear(x[:r], w), w1, w2, 1e-6, scale)
-        assert all(torch.equal(a, b) for a, b in zip(got, want))
-    monkeypatch.undo()
-    assert launches == [True, False, False, False]
-
-
-@pytest.mark.skipif(tg.interpreting() or not torch.cuda.is_available(), reason="a GPU's launch (programs run at once)")
-@pytest.mark.parametrize("n", [2560, 1536])
-def test_on_the_gpu_the_tail_launch_is_the_two_kernels_to_the_bit(n):
-    """Where a launch's programs really run at once: the PLE projection [n x 256] of the E4B (2,560) and the E2B
-    (1,536) with its tail, 200 fresh random inputs each, poisoned outputs, against the plain launch then the
-    add_rms_norm kernel, to the bit; the counter back at zero after each."""
-    from g4rt.plugins import triton_norm as tn
-    dev, dtype, eps = torch.device("cuda"), torch.bfloat16, 1e-6
-    g = torch.Generator(device=dev).manual_seed(n)
-    w = (torch.randn(n, 256, generator=g, device=dev) / 16).to(dtype)
-    config, splits = tg.gemv_plan(n, 256, dev)
-    assert splits == 1
-    for _ in range(200):
-        x, res = (torch.randn(1, k, generator=g, device=dev).to(dtype) for k in (256, n))
-        w1, w2 = ((1 + 0.3 * torch.randn(n, generator=g, device=dev)).to(dtype) for _ in range(2))
-        scale = torch.rand(1, generator=g, device=dev).to(dtype)
-        h, z = (torch.full((1, n), float("nan"), dtype=dtype, device=dev) for _ in range(2))
-        y = tg.gemv(x, w, config, tail=tg.ResidualTail(res, w1, w2, scale, eps, h, z))
-        want = tn.add_rms_norm(res, tg.gemv(x, w, config), w1, w2, eps, scale)
-        assert torch.equal(y, tg.gemv(x, w, config)) and torch.equal(h, want[0]) and torch.equal(z, want[1])
-        assert not tg._locks(dev).any()
 
 
 def test_add_norm_gelu_linear_fuses_for_few_rows_and_is_the_two_kernels_for_more(monkeypatch):

@@ -115,8 +115,7 @@ def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
 @pytest.mark.parametrize("name", ["31b", "e2b", "26b"])
 def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     """What one forward dispatches with the Triton kernels and packed weights: each layer's norms are fused
-    blocks (the tail's `add_rms_norm`, ending in the next layer's input norm or the final norm, with the PLE
-    projection before it as one `linear_add_rms_norm` in PLE models; for MoE
+    blocks (the tail's `add_rms_norm`, ending in the next layer's input norm or the final norm; for MoE
     layers `router_inputs` and `normed_sum`), a KV-shared layer's q norm and RoPE is one `q_norm_rope`, every
     projection is `skinny_linear` (the op that picks the Triton kernel or cuBLAS by shape) but the two of a
     gated GELU, the packed gate/up and the PLE gate, which are `add_norm_gelu_linear` with the residual step
@@ -151,12 +150,11 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     report(f"tiny {name}, one forward of {L} layers: our ops {sum(g4.values())}, ATen add {ops.seen['aten::add']}, "
            f"mul {ops.seen['aten::mul']}, neg {ops.seen['aten::neg']}, cat {ops.seen['aten::cat']}")
     ple, moe = cfg.has_ple, cfg.enable_moe_block
-    # Projections through `skinny_linear`: per layer q (or the packed q/k/v), o and down; the per-layer model
-    # projection once; the router. The packed gate/up and the PLE gate are `add_norm_gelu_linear`, the PLE
-    # projection the tail's `linear_add_rms_norm`.
-    mm = 3 * L + ple + moe * L
-    tail = "g4rt::linear_add_rms_norm" if ple else "g4rt::add_rms_norm"
-    assert g4 == {tail: L, "g4rt::qkv_norm_rope": L - shared, "g4rt::skinny_linear": mm,
+    # Projections through `skinny_linear`: per layer q (or the packed q/k/v), o and down; the PLE
+    # projection per layer and the per-layer model projection once; the router. The packed gate/up and
+    # the PLE gate are `add_norm_gelu_linear`.
+    mm = 3 * L + ple * (L + 1) + moe * L
+    assert g4 == {"g4rt::add_rms_norm": L, "g4rt::qkv_norm_rope": L - shared, "g4rt::skinny_linear": mm,
                   "g4rt::add_norm_gelu_linear": L * (1 + ple),
                   "g4rt::rms_norm": 1 + ple, **({"g4rt::q_norm_rope": shared} if ple else {}),
                   **({k: L for k in ("g4rt::router_inputs", "g4rt::route", "g4rt::moe", "g4rt::normed_sum")}
