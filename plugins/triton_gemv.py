@@ -86,13 +86,9 @@ def _weight_tile(w_rows, k, K, n_ok, EVEN: tl.constexpr):
 
 
 @triton.jit
-def _x_tile(x_rows, k, K, m_ok):
-    return tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
-
-
-@triton.jit
-def _dot_tile(acc, w, x, UPCAST: tl.constexpr, PREC: tl.constexpr):
-    """acc plus the product of x's columns with weight tile w."""
+def _gemv_tile(acc, w, x_rows, k, K, m_ok, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    """acc plus the product of x's columns k with weight tile w."""
+    x = tl.load(x_rows + k[None, :], mask=m_ok[:, None] & (k < K)[None, :], other=0.0)
     if UPCAST:
         w, x = w.to(tl.float32), x.to(tl.float32)
     return tl.dot(x, tl.trans(w), acc, input_precision=PREC)
@@ -184,16 +180,10 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
         x_rows = own + m[:, None] * K
     else:
         x_rows = x_ptr + m[:, None] * stride_x
-    # The first tile's product comes last: x's first columns are asked for here, but nothing waits on them
-    # before the loop's pipelined loads of the next tiles are issued (else the weight stream would start one
-    # L2 round trip and a dot after the wait).
-    x = _x_tile(x_rows, k, K, m_ok)
-    acc = tl.zeros([16, BLOCK_N], tl.float32)
+    acc = _gemv_tile(tl.zeros([16, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-        kt = k0 + tl.arange(0, BLOCK_K)
-        acc = _dot_tile(acc, _weight_tile(w_rows, kt, K, n_ok, EVEN_N and EVEN_K), _x_tile(x_rows, kt, K, m_ok),
-                        UPCAST, PREC)
-    acc = _dot_tile(acc, w, x, UPCAST, PREC)
+        k = k0 + tl.arange(0, BLOCK_K)
+        acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
     if SPLITS == 1:
         _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N, GELU)
     else:
