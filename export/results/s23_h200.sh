@@ -4,6 +4,8 @@
 #   b1      the GPU test of the tail launch (tests/test_plugins_gemv.py -k on_the_gpu), then batch-1 decode of each of $MODELS (default "e4b e2b"), arms $ARMS (default base new base new base new):
 #           `bench.engine --config MODEL --skip-hf --batches 1 --new-tokens 32 --profile`; base = ab/base (the tree
 #           before), new = this checkout, any other arm = ab/ARM (a tree the call carries)
+#   p31     one 31B process at batch 128 and 256, the decode step profiled by launch (`bench.engine --config 31b
+#           --skip-hf --engines inductor --batches 128,256 --prompt-len 224 --new-tokens 16 --profile`)
 #
 # The calls (ab/base: cebea4d in every call, session 22's last commit):
 #   1  b1    MODELS=e4b, budget 585: dbf3db5 (the layer's tail in the PLE projection's last program,
@@ -12,7 +14,7 @@
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s23_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: b1}
+PART=${1:?PART: b1 or p31}
 BUDGET=${2:-570}
 TAG=s23-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
