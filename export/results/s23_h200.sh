@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 calls of session 23, a fresh process per arm, arms alternated. One PART per call:
 #
-#   b1      the GPU test of the tail launch (tests/test_plugins_gemv.py -k on_the_gpu), then batch-1 decode of each of $MODELS (default "e4b e2b"), arms $ARMS (default base new base new base new):
+#   b1      batch-1 decode of each of $MODELS (default "e4b e2b"), arms $ARMS (default base new base new base new):
 #           `bench.engine --config MODEL --skip-hf --batches 1 --new-tokens 32 --profile`; base = ab/base (the tree
 #           before), new = this checkout, any other arm = ab/ARM (a tree the call carries)
 #   p31     one 31B process at batch 128 and 256, the decode step profiled by launch (`bench.engine --config 31b
@@ -9,8 +9,11 @@
 #
 # The calls (ab/base: cebea4d in every call, session 22's last commit):
 #   1  b1    MODELS=e4b, budget 585: dbf3db5 (the layer's tail in the PLE projection's last program,
-#            `g4rt::linear_add_rms_norm`; reverted in bfe8525, kept as h200_s23_tail.patch). Its GPU test
-#            ran from that tree: `TRITON_INTERPRET=0 python3 -m pytest -q -x tests/test_plugins_gemv.py -k on_the_gpu`
+#            `g4rt::linear_add_rms_norm`; reverted in bfe8525, kept as h200_s23_tail.patch). Before the arms it ran
+#            that tree's GPU test: `TRITON_INTERPRET=0 python3 -m pytest -q -x tests/test_plugins_gemv.py -k on_the_gpu`
+#   2  b1    budget 585: 53c222e (the first weight tile's product after the K loop, so that the loop's pipelined
+#            loads are issued right after the wait; reverted in 098c275, kept as h200_s23_first_tile_last.patch)
+#   3  p31   budget 480, at 098c275 (the kernels of cebea4d)
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s23_h200.sh PART [budget_s]   # default 570 s; results under $OUT
@@ -20,8 +23,9 @@ TAG=s23-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
-  b1) run_part tail_test 150 env TRITON_INTERPRET=0 python3 -m pytest -q -x tests/test_plugins_gemv.py -k on_the_gpu
-      batch1 100 "e4b e2b" "base new base new base new" ;;
+  b1) batch1 100 "e4b e2b" "base new base new base new" ;;
+  p31) run_part p31 "$BUDGET" python3 -m g4rt.bench.engine --config 31b --out "$OUT/p31" --skip-hf --engines inductor \
+         --batches 128,256 --prompt-len 224 --new-tokens 16 --profile ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
