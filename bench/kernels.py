@@ -7,7 +7,7 @@
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-tiles    # ... smaller sliding CTAs
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
-    python -m g4rt.bench.kernels --out DIR --norms             # the q/k/v norm kernel's tiles (NORM_TILES)
+    python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 8192,2048,256]  # the q/k/v norm kernel's tiles
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -503,6 +503,7 @@ def main(argv=None):
     ap.add_argument("--decode-batch-tiles", action="store_true",
                     help="with --decode-batch: the sliding layer on smaller CTAs (BATCH_SMALL) instead")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
+    ap.add_argument("--norm-tokens", default="8192,2048,256", help="step sizes in tokens --norms times")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
@@ -526,7 +527,7 @@ def main(argv=None):
     res["ceilings"] = peak
     print("ceilings", peak, flush=True)
     if args.norms:
-        res["norms"] = norm_cases(peak)
+        res["norms"] = norm_cases(peak, tokens=[int(t) for t in args.norm_tokens.split(",") if t])
         return _write(res, args.out, t_start)
     if args.prefill_only:
         for layer in args.layers.split(","):

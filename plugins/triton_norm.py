@@ -172,14 +172,18 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
         tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y.to(v_ptr.dtype.element_ty), mask=ok[:, None])
 
 
+# Tokens from which the q/k/v norm kernel at head dim 256 takes 4 tokens a program over 4 warps (norm_rope_tile).
+NORM_ROPE_MIN_TOKENS = 128
+
+
 def norm_rope_tile(tokens: int, head_dim: int) -> tuple[int, int]:
     """(tokens per program, warps) of the q/k/v norm kernel, from the H200 sweep (bench.kernels --norms,
     export/results session 11; 31B and E2B heads at 256, 2,048 and 8,192 tokens). Head dim 256: one
     token per 1-warp program is latency-bound (40 % of the copy bandwidth at 8k), 4 tokens over 4 warps
-    from 256 tokens (a batch-256 decode step: 7.8 against 12.1 us) and 16 from 2,048 (164 us at 8k,
-    78 %); under 256 tokens one token and one warp. Head dim 512: one token and one warp at every size
+    from NORM_ROPE_MIN_TOKENS (a batch-256 decode step: 7.8 against 12.1 us) and 16 from 2,048 (164 us at
+    8k, 78 %); under that one token and one warp. Head dim 512: one token and one warp at every size
     (227 us at 8k, 67 %; more tokens per program measured slower)."""
-    if head_dim > 256 or tokens < 256:
+    if head_dim > 256 or tokens < NORM_ROPE_MIN_TOKENS:
         return 1, 1
     return (4 if tokens < 2048 else 16), 4
 
