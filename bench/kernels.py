@@ -383,12 +383,13 @@ def norm_cases(peak: dict, tokens=(8192, 2048, 256)) -> list[dict]:
             default = tn.qkv_norm_rope(*args)
             assert all(torch.isfinite(o).all() for o in default)
             moved = 2 * (x.numel() + sum(o.numel() for o in default) + 2 * cos.numel())
-            for bt, w in [tn.norm_rope_tile(t, d)] + [tl_ for tl_ in NORM_TILES if tl_ != tn.norm_rope_tile(t, d)]:
+            default_tile = tn.norm_rope_tile(t, d, hq + 2 * hkv)
+            for bt, w in [default_tile] + [tl_ for tl_ in NORM_TILES if tl_ != default_tile]:
                 got = tn.qkv_norm_rope(*args, tile=(bt, w))
                 err = max((a.float() - b.float()).abs().max().item() for a, b in zip(got, want))
                 same = all(torch.equal(a, b) for a, b in zip(got, default))
                 ms = time_ms(lambda: tn.qkv_norm_rope(*args, tile=(bt, w)))
-                rec = {"layer": name, "tokens": t, "tile": [bt, w], "default": (bt, w) == tn.norm_rope_tile(t, d),
+                rec = {"layer": name, "tokens": t, "tile": [bt, w], "default": (bt, w) == default_tile,
                        "same_as_default": same, "max_abs_err_vs_torch": err, "us": round(ms * 1e3, 2),
                        "GBps": round(moved / ms / 1e6, 1), "of_copy_bw": round(moved / ms / 1e6 / peak["copy_GBps"], 3)}
                 out.append(rec)

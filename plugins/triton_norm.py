@@ -172,18 +172,20 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
         tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y.to(v_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-# Tokens from which the q/k/v norm kernel at head dim 256 takes 4 tokens a program over 4 warps (norm_rope_tile).
-NORM_ROPE_MIN_TOKENS = 128
+# One-token programs (tokens x heads) from which the q/k/v norm kernel at head dim 256 takes 4 tokens a program
+# over 4 warps (norm_rope_tile).
+NORM_ROPE_MIN_PROGRAMS = 2560
 
 
-def norm_rope_tile(tokens: int, head_dim: int) -> tuple[int, int]:
-    """(tokens per program, warps) of the q/k/v norm kernel, from the H200 sweep (bench.kernels --norms,
-    export/results session 11; 31B and E2B heads at 256, 2,048 and 8,192 tokens). Head dim 256: one
-    token per 1-warp program is latency-bound (40 % of the copy bandwidth at 8k), 4 tokens over 4 warps
-    from NORM_ROPE_MIN_TOKENS (a batch-256 decode step: 7.8 against 12.1 us) and 16 from 2,048 (164 us at
-    8k, 78 %); under that one token and one warp. Head dim 512: one token and one warp at every size
-    (227 us at 8k, 67 %; more tokens per program measured slower)."""
-    if head_dim > 256 or tokens < NORM_ROPE_MIN_TOKENS:
+def norm_rope_tile(tokens: int, head_dim: int, heads: int) -> tuple[int, int]:
+    """(tokens per program, warps) of the q/k/v norm kernel for `heads` heads (q + k + v) of `tokens` tokens,
+    from the H200 sweeps (bench.kernels --norms; 31B and E2B heads, export/results sessions 11 and 23). Head dim
+    256: one token per 1-warp program is latency-bound (40 % of the copy bandwidth at 8k); from
+    NORM_ROPE_MIN_PROGRAMS such programs, 4 tokens over 4 warps (the 31B's 64 heads at 64 / 128 / 256 tokens:
+    4.06 / 5.27 / 8.19 us against 5.98 / 11.10 / 21.02; the E2B's 10 at 256: 3.24 against 3.46, but at 128,
+    1,280 programs, 3.46 against 3.05), and 16 from 2,048 tokens (164 us at 8k, 78 %). Head dim 512: one token
+    and one warp at every size (227 us at 8k, 67 %; more tokens per program measured slower)."""
+    if head_dim > 256 or tokens * heads < NORM_ROPE_MIN_PROGRAMS:
         return 1, 1
     return (4 if tokens < 2048 else 16), 4
 
@@ -201,8 +203,9 @@ def qkv_norm_rope(qkv: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Ten
     q = qkv.new_empty(T, num_q_heads, D)
     k, v = qkv.new_empty(T, num_kv_heads, D), qkv.new_empty(T, num_kv_heads, D)
     if T:
-        bt, warps = tile or ((INTERPRETER_ROWS, 4) if interpreting() else norm_rope_tile(T, D))
-        _qkv_norm_rope_kernel[(triton.cdiv(T, bt), num_q_heads + 2 * num_kv_heads)](
+        heads = num_q_heads + 2 * num_kv_heads
+        bt, warps = tile or ((INTERPRETER_ROWS, 4) if interpreting() else norm_rope_tile(T, D, heads))
+        _qkv_norm_rope_kernel[(triton.cdiv(T, bt), heads)](
             qkv, q_weight, k_weight, cos, sin, q, k, v, float(eps), qkv.stride(0), T, HQ=num_q_heads,
             HKV=num_kv_heads, K_EQ_V=bool(k_eq_v), D=D, BT=bt, num_warps=warps, **pdl_launch(qkv.device))
     return q, k, v

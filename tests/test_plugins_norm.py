@@ -190,7 +190,7 @@ def test_qkv_norm_rope_matches_reference(k_eq_v, D, dtype, T):
     inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2).float() / D))
     cos, sin = rope_cos_sin(inv_freq, torch.randint(0, 4096, (T,), generator=g), dtype)
     args = (packed, qw, kw, 1e-6, cos, sin, hq, hkv, k_eq_v)
-    tiles = [tn.norm_rope_tile(T, D)] if T < 256 else [tn.norm_rope_tile(n, D) for n in (256, 2048)]
+    tiles = [tn.norm_rope_tile(T, D, hq + 2 * hkv)] if T < 256 else [tn.norm_rope_tile(n, D, 64) for n in (256, 2048)]
     assert T < 256 or all(bt > 1 and T % bt for bt, _ in tiles)  # several tokens a program, the last tile partial
     for tile in tiles:
         for got, want in zip(tn.qkv_norm_rope(*args, tile=tile), reference.qkv_norm_rope(*args)):
