@@ -19,8 +19,9 @@
 #            loads are issued right after the wait; reverted in 098c275, kept as h200_s23_first_tile_last.patch)
 #   3  p31   budget 480, at 098c275 (the kernels of cebea4d)
 #   4  n31   budget 560: 9f456f7 (the q/k/v norm kernel's 4-token tile from 128 tokens, 256 before)
-#   5  n31   NORMS=0 STEPS=64,128, budget 330: the 4-token tile from 2,560 one-token programs (tokens x heads,
-#            NORM_ROPE_MIN_PROGRAMS): the 31B's from 40 tokens
+#   5  n31   NORMS=0 STEPS=64,128, budget 280: ea69ff1 (the 4-token tile from 2,560 one-token programs, tokens x
+#            heads, NORM_ROPE_MIN_PROGRAMS: the 31B's from 40 tokens); the machine was taken back, no results
+#   6  n31   NORMS=0 STEPS=64, budget 195, ea69ff1: the budget ended before the sixth arm (two processes new)
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s23_h200.sh PART [budget_s]   # default 570 s; results under $OUT
