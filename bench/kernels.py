@@ -7,7 +7,7 @@
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-tiles    # ... smaller sliding CTAs
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
-    python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 8192,2048,256]  # the q/k/v norm kernel's tiles
+    python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 64,128]  # the q/k/v norm kernel's tiles
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -357,9 +357,10 @@ SAMPLER_TILES = [(1024, 8), (1024, 4), (4096, 8), (2048, 16)]  # (block, num_war
 # heads (q, kv, head dim, k_eq_v), each (tokens per program, warps) tile; (1, 1) is the decode tile.
 NORM_LAYERS = {"31B-sliding": (32, 16, 256, False), "31B-full": (32, 4, 512, True), "E2B-sliding": (8, 1, 256, False)}
 NORM_TILES = [(1, 1), (1, 2), (2, 2), (4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
+NORM_TOKENS = (8192, 2048, 256)  # the step sizes --norms times unless --norm-tokens says others
 
 
-def norm_cases(peak: dict, tokens=(8192, 2048, 256)) -> list[dict]:
+def norm_cases(peak: dict, tokens=NORM_TOKENS) -> list[dict]:
     """Per layer and step size, each tile of `NORM_TILES` timed as a
     CUDA-graph replay with a cold L2, against the copy bandwidth over the bytes it must move (packed
     q/k/v in, q, k, v out, cos/sin). Each record says whether the tile's outputs equal the default
@@ -504,7 +505,8 @@ def main(argv=None):
     ap.add_argument("--decode-batch-tiles", action="store_true",
                     help="with --decode-batch: the sliding layer on smaller CTAs (BATCH_SMALL) instead")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
-    ap.add_argument("--norm-tokens", default="8192,2048,256", help="step sizes in tokens --norms times")
+    ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
+                    help="step sizes in tokens --norms times, comma-separated")
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")

@@ -33,16 +33,20 @@ run_arm() {
 # arm ARM REP NAME CAP BENCH ARGS...: run_arm with this checkout's package for ARM `new`, else ab/ARM's (a
 # `git archive --prefix=ab/ARM/g4rt/ REV` the call carries).
 arm() { local pkg=/tmp/pkg; [ "$1" != new ] && pkg=$PWD/ab/$1; run_arm "$pkg" "$@"; }
+# each_arm ARMS NAME CAP BENCH ARGS...: `arm` for each of the (space-separated) ARMS in turn, numbered from 1.
+each_arm() {
+  local arms=$1 a n=0; shift
+  for a in $arms; do
+    n=$((n + 1))
+    arm "$a" "$n" "$@"
+  done
+}
 # batch1 CAP DEFAULT_MODELS DEFAULT_ARMS: batch-1 decode of each of $MODELS, arms $ARMS alternated (a process each,
 # CAP seconds at most), records in $OUT/b1_MODEL.jsonl
 batch1() {
-  local cap=$1 m a n; local models=${MODELS:-$2} arms=${ARMS:-$3}
+  local cap=$1 m; local models=${MODELS:-$2} arms=${ARMS:-$3}
   for m in $models; do
-    n=0
-    for a in $arms; do
-      n=$((n + 1))
-      arm $a $n b1_$m "$cap" engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
-    done
+    each_arm "$arms" b1_$m "$cap" engine --config $m --skip-hf --batches 1 --new-tokens 32 --profile
   done
 }
 # finish_call: the last lines of each part's log (less traces, records and warnings) into $OUT/parts.txt,

@@ -36,12 +36,8 @@ case $PART in
          --batches 128,256 --prompt-len 224 --new-tokens 16 --profile ;;
   n31) [ "${NORMS:-1}" = 0 ] || run_part norms 90 python3 -m g4rt.bench.kernels --out "$OUT/norms" --norms \
          --norm-tokens 64,128,256
-       n=0
-       for a in ${ARMS:-base new base new base new}; do
-         n=$((n + 1))
-         arm $a $n steps_31b 110 engine --config 31b --skip-hf --batches "" --engines inductor \
-           --decode-steps "${STEPS:-128}" --reps 3
-       done ;;
+       each_arm "${ARMS:-base new base new base new}" steps_31b 110 engine --config 31b --skip-hf --batches "" \
+         --engines inductor --decode-steps "${STEPS:-128}" --reps 3 ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
