@@ -307,15 +307,20 @@ def _graph_ms(fn, reps: int) -> float:
 
 def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: list | None = None) -> dict:
     """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of `plans`
-    ((tile, splits) pairs; default GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest narrow tile at
-    GEMV_SPLITS runs over K) and the op's own: its values against cuBLAS's on the first weight (before any
+    ((tile, splits) pairs; default for up to 16 rows GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest
+    narrow tile at GEMV_SPLITS runs over K, for more rows SERVING_CONFIGS unsplit and, where a tile's column
+    blocks are fewer than the SMs, at SERVING_SPLITS runs) and the op's own: its values against cuBLAS's on the first weight (before any
     timing), then the median graph replay; the fastest (tile + [splits]) and its time as `best_config` and
     `ms` (None if none ran), every one's beside it, and the plan `g4rt::skinny_linear` takes for the shape
     with its time (`op_config`, `op_ms`)."""
     from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
     op = tg.gemv_plan(*mats[0].shape, x.device)
-    if plans is None:
+    if plans is None and x.shape[0] > 16:
+        n, sms = mats[0].shape[0], tg.sm_count(x.device)
+        plans = [(c, s) for c in tg.SERVING_CONFIGS
+                 for s in (1, *(tg.SERVING_SPLITS if -(-n // c[0]) < sms else ()))]
+    elif plans is None:
         plans = [(c, 1) for c in tg.GEMV_CONFIGS]
         plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in tg.GEMV_SPLITS]
     plans = plans + ([op] if op not in plans else [])
@@ -340,13 +345,14 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
 
 
 @torch.inference_mode()
-def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]:
+def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: tuple[str, ...] = ()) -> list[dict]:
     """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
     reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
     checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
     for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
     engines run on CUDA). For the first and last form, batches up to 16 also time the Triton skinny matmul
-    (plugins/triton_gemv.py) over its configs (`gemv_record`)."""
+    (plugins/triton_gemv.py) over its configs (`gemv_record`). `roles_like`: only the roles whose name holds
+    one of these (all if empty)."""
     from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
     roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (role, weight shape): every layer's weight
 
@@ -368,6 +374,7 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20) -> list[dict]
     add("lm_head", model.embed_tokens.weight)
     records = []
     forms = [(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
+    forms = [(r, form) for r, form in forms if not roles_like or any(p in r[0] for p in roles_like)]
     for (role, shape), form in forms:
         if form == "concat":
             mats = [torch.cat(ws) for ws in fused[role, shape]]
@@ -702,6 +709,8 @@ def main(argv=None) -> int:
                     help="also compare the engines' greedy tokens on requests arriving one per step (mixed steps)")
     ap.add_argument("--matmuls", action="store_true",
                     help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
+    ap.add_argument("--roles", default="", help="with --matmuls: only the roles whose name holds one of these "
+                    "comma-separated parts, e.g. qkv,gate_up,o_proj,down_proj,lm_head (the forms a step runs)")
     ap.add_argument("--profile", action="store_true",
                     help="after each inductor run: graph replay time, per-kernel time of one decode step, and "
                          "each launch's exposed time in one replay (replay_exposure); with --ttft, each "
@@ -740,7 +749,7 @@ def main(argv=None) -> int:
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})
     batches = [int(x) for x in a.batches.split(",") if x]
     if a.matmuls:
-        for r in matmul_roles(model, bw, batches):
+        for r in matmul_roles(model, bw, batches, roles_like=tuple(p for p in a.roles.split(",") if p)):
             log(r)
         return 0
     geometry = PageGeometry.build(model.layout)

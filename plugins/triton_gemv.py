@@ -44,7 +44,7 @@ import triton.language as tl
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
-MAX_ROWS = 16  # rows of x one launch takes: the dot's smallest M
+MAX_ROWS = 128  # rows of x one launch takes, in one row tile (row_tile)
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
 MODEL_CONFIG = (64, 128, 4, 4)  # within 1.5 % of the fastest tile on every role the op serves (31B, batch 1 and 8)
 # The op's tiles for weights too narrow to give every SM a MODEL_CONFIG column block, widest first.
@@ -76,6 +76,16 @@ PACKED_GELU_MIN_K = 2560
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
 GEMV_SPLITS = (2, 4, 8)  # runs over K the bench also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
+# The tiles the bench sweeps for a serving batch (more than 16 rows: a row tile of 32-128 on the tensor cores'
+# warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
+SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
+                   (256, 64, 8, 3), (64, 64, 4, 6)]
+SERVING_SPLITS = (2, 3, 4)
+
+
+def row_tile(rows: int) -> int:
+    """A launch's row tile for `rows` rows of x: the next power of two, at least 16 (the dot's smallest M)."""
+    return max(16, triton.next_power_of_2(rows))
 
 
 @triton.jit
@@ -120,13 +130,14 @@ def _residual_rows(x_ptr, stride_x, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, M, K
 
 
 @triton.jit
-def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
+def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+           GELU: tl.constexpr):
     """Round the block's fp32 sums to the output type and store them; with GELU the gated GELU of them first,
     as the gelu kernel (plugins/triton_norm.py) forms it from the rounded matmul output: GELU == 1, the
     tile's columns are (gate, up) pairs; GELU == 2, the sums are the gate and up is read from up_ptr."""
     dtype = out_ptr.dtype.element_ty
     if GELU == 1:
-        gate, up = tl.split(tl.reshape(acc, [16, BLOCK_N // 2, 2]))
+        gate, up = tl.split(tl.reshape(acc, [BLOCK_M, BLOCK_N // 2, 2]))
         c = pid * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
         ok = m_ok[:, None] & (c < N // 2)[None, :]
         y = gelu_tanh_rounded(gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32), out_ptr)
@@ -142,7 +153,7 @@ def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N
 
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, eps, M,
-                 N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_N: tl.constexpr,
+                 N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
                  GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
                  PDL: tl.constexpr):
@@ -164,7 +175,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
     else:
         n_ok = n < N
         row = n
-    m = tl.arange(0, 16)
+    m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_w
     k_lo = tl.program_id(1) * split_k
@@ -180,22 +191,22 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
         x_rows = own + m[:, None] * K
     else:
         x_rows = x_ptr + m[:, None] * stride_x
-    acc = _gemv_tile(tl.zeros([16, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
+    acc = _gemv_tile(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
     for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
         k = k0 + tl.arange(0, BLOCK_K)
         acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
     if SPLITS == 1:
-        _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_N, GELU)
+        _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
     else:
         part_ok = m_ok[:, None] & n_ok[None, :]
         part = part_ptr + m[:, None] * N + n[None, :]  # partials [SPLITS, M, N], fp32
         tl.store(part + tl.program_id(1) * M * N, acc, mask=part_ok)
         tl.debug_barrier()  # every thread's partial stored before the counter's release
         if tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel") == SPLITS - 1:
-            total = tl.zeros([16, BLOCK_N], tl.float32)
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
             for s in tl.static_range(SPLITS):
                 total += tl.load(part + s * M * N, mask=part_ok, other=0.0, cache_modifier=".cg")
-            _store(out_ptr, stride_out, up_ptr, stride_up, total, m, m_ok, pid, N, BLOCK_N, GELU)
+            _store(out_ptr, stride_out, up_ptr, stride_up, total, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
             tl.atomic_xchg(lock_ptr + pid, 0)
 
 
@@ -278,7 +289,7 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         _gemv_kernel[(blocks, splits)](
             x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in,
             0.0 if norm is None else float(norm.eps), M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0),
-            0 if up is None else up.stride(0), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
+            0 if up is None else up.stride(0), BLOCK_M=row_tile(M), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
             EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=1 if halves else 0 if up is None else 2,
             NORM=0 if norm is None else 1 if norm.out_weight is None else 2, KB=triton.next_power_of_2(K),
             UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,

@@ -13,7 +13,7 @@ pytest.importorskip("triton", reason="the triton extra is not installed")
 from g4rt.plugins import triton_gemv as tg  # noqa: E402
 
 
-@pytest.mark.parametrize("m,n,k", [(1, 64, 512), (3, 100, 300), (16, 48, 1030), (8, 16, 16)])
+@pytest.mark.parametrize("m,n,k", [(1, 64, 512), (3, 100, 300), (16, 48, 1030), (8, 16, 16), (40, 40, 200)])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_gemv_matches_a_float64_matmul(m, n, k, dtype):
     """Every output, ragged N and K included (the masked tiles), within the dtype's rounding of the fp64
@@ -39,8 +39,8 @@ def test_every_bench_config_computes_the_same_values(config):
 
 
 def test_gemv_refuses_what_it_cannot_compute():
-    with pytest.raises(ValueError, match="at most 16 rows of x, got 17"):
-        tg.gemv(torch.zeros(17, 8), torch.zeros(4, 8))
+    with pytest.raises(ValueError, match="at most 128 rows of x, got 129"):
+        tg.gemv(torch.zeros(129, 8), torch.zeros(4, 8))
     with pytest.raises(ValueError, match=r"x \[M, K\] and w \[N, K\], got x \(2, 8\) and w \(4, 9\)"):
         tg.gemv(torch.zeros(2, 8), torch.zeros(4, 9))
     with pytest.raises(ValueError, match="torch.float32 and w is torch.bfloat16"):
@@ -315,3 +315,42 @@ def test_add_norm_gelu_linear_fuses_for_few_rows_and_is_the_two_kernels_for_more
                 torch.testing.assert_close(y, want, rtol=1e-5, atol=1e-5)
     monkeypatch.undo()
     assert launches == [True, False, True, False]
+
+
+@pytest.mark.parametrize("rows", [17, 64, 100])
+def test_serving_rows_take_a_row_tile_of_their_own_and_split_the_same_way(rows):
+    """More than 16 rows (a serving batch) run in one row tile of the next power of two: every row within
+    fp32 rounding of the fp64 product, poisoned rows past M untouched; cut over K, the partials are added in
+    run order by the block's last program, so two launches give the same bits."""
+    g = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 192, generator=g)
+    w = torch.randn(40, 192, generator=g) / 192 ** 0.5
+    want = x.double() @ w.double().T
+    assert tg.row_tile(rows) == max(32, 1 << (rows - 1).bit_length()) and tg.row_tile(3) == 16
+    for splits in (1, 3):
+        out = torch.full((rows + 1, 40), float("nan"))
+        tg.gemv(x, w, config=(16, 32, 4, 2), out=out[:rows], splits=splits)
+        assert out[rows].isnan().all()
+        torch.testing.assert_close(out[:rows].double(), want, rtol=1e-5, atol=1e-5)
+        assert torch.equal(tg.gemv(x, w, config=(16, 32, 4, 2), splits=splits), out[:rows])
+
+
+@pytest.mark.skipif(tg.interpreting() or not torch.cuda.is_available(), reason="the compiled kernel: needs a CUDA GPU")
+@pytest.mark.parametrize("rows", [64, 128])
+@pytest.mark.parametrize("n,k", [(5376, 21504), (16384, 5376)])
+def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
+    """Every serving tile the bench sweeps, at the 31B's down_proj and sliding packed q/k/v shapes,
+    unsplit and cut over K, on fresh random bf16 inputs into a NaN-poisoned output: within bf16 rounding of
+    the fp64 product (the sums are fp32 over K)."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(rows + n + k)
+    x = torch.randn(rows, k, device=dev, generator=g).bfloat16()
+    w = (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).bfloat16()
+    want = (x.double() @ w.double().T)
+    tol = 2 * torch.finfo(torch.bfloat16).eps * want.abs().max().item()
+    for config in tg.SERVING_CONFIGS:
+        for splits in (1, *tg.SERVING_SPLITS):
+            out = torch.full((rows, n), float("nan"), device=dev, dtype=torch.bfloat16)
+            tg.gemv(x, w, config=config, out=out, splits=splits)
+            err = (out.double() - want).abs().max().item()
+            assert err <= tol, (config, splits, err, tol)
