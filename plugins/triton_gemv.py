@@ -81,14 +81,6 @@ GEMV_SPLITS = (2, 4, 8)  # runs over K the bench also tries MODEL_CONFIG and NAR
 SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
                    (256, 64, 8, 3), (64, 64, 4, 6)]
 SERVING_SPLITS = (2, 3, 4)
-# A serving batch of more than SKINNY_ROWS and at most SERVING_ROWS rows takes the kernel for a weight cut over K
-# (serving_plan): SERVING_CONFIG's column blocks at most half the SMs, K of at least SPLIT_MIN_K, cut in at most
-# SERVING_MAX_SPLITS runs. On the H200 at 64 rows the 31B's o_proj and down_proj [5,376 x 8,192-21,504] read at
-# cuBLAS's rate alone (5.69 against 5.63 ms over their 120 launches), where its packed q/k/v and gate/up were
-# 2-6 % slower and every role at 128 rows 2-30 % slower (export/results, session 24).
-SERVING_ROWS = 64
-SERVING_CONFIG = (128, 128, 8, 3)
-SERVING_MAX_SPLITS = 3
 
 
 def row_tile(rows: int) -> int:
@@ -331,29 +323,12 @@ def gemv_plan(n: int, k: int, device: torch.device,
     return NARROW_CONFIGS[-1], 1
 
 
-def serving_plan(n: int, k: int, device: torch.device) -> tuple[tuple[int, int, int, int], int] | None:
-    """The op's (tile, splits over K) for a weight [n, k] at a serving batch (SKINNY_ROWS < rows <=
-    SERVING_ROWS), or None (cuBLAS): SERVING_CONFIG cut over K into as many runs as give every SM at most one
-    program, where K is at least SPLIT_MIN_K and that is 2 to SERVING_MAX_SPLITS runs."""
-    splits = sm_count(device) // triton.cdiv(n, SERVING_CONFIG[0])
-    return (SERVING_CONFIG, splits) if k >= SPLIT_MIN_K and 2 <= splits <= SERVING_MAX_SPLITS else None
-
-
-def op_plan(rows: int, n: int, k: int, device: torch.device, packed_gelu: bool = False):
-    """The plan the ops launch for `rows` rows against a weight [n, k]: serving_plan's above SKINNY_ROWS rows
-    (None: cuBLAS), else gemv_plan's."""
-    return serving_plan(n, k, device) if rows > SKINNY_ROWS else gemv_plan(n, k, device, packed_gelu)
-
-
 def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     """Whether `g4rt::skinny_linear` runs the kernel for `rows` rows of x against weight `w`: at most
-    SKINNY_ROWS rows and a weight that gemv_plan gives every SM a program of MODEL_CONFIG (wide, or split over
-    K), or one of at most NARROW_BYTES (a narrow tile then gives it the programs); up to SERVING_ROWS rows, a
-    weight serving_plan takes; cuBLAS beyond."""
-    if rows > SKINNY_ROWS:
-        return rows <= SERVING_ROWS and serving_plan(*w.shape, w.device) is not None
+    SKINNY_ROWS rows (cuBLAS beyond), and a weight that gemv_plan gives every SM a program of MODEL_CONFIG
+    (wide, or split over K), or one of at most NARROW_BYTES (a narrow tile then gives it the programs)."""
     every_sm = gemv_plan(*w.shape, w.device)[1] > 1 or triton.cdiv(w.shape[0], MODEL_CONFIG[0]) >= sm_count(w.device)
-    return every_sm or w.numel() * w.element_size() <= NARROW_BYTES
+    return rows <= SKINNY_ROWS and (every_sm or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
 @torch.library.custom_op("g4rt::skinny_linear", mutates_args=())
@@ -364,9 +339,8 @@ def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _planned_gemv(x: torch.Tensor, w: torch.Tensor, **epilogue) -> torch.Tensor:
-    """gemv on gemv_plan's tile and splits for w (serving_plan's above SKINNY_ROWS rows): the launch the ops
-    share, so their sums are the same."""
-    config, splits = op_plan(x.shape[0], *w.shape, x.device, packed_gelu=epilogue.get("halves", False))
+    """gemv on gemv_plan's tile and splits for w: the launch both ops share, so their sums are the same."""
+    config, splits = gemv_plan(*w.shape, x.device, packed_gelu=epilogue.get("halves", False))
     return gemv(x.contiguous(), w, config, splits=splits, **epilogue)
 
 
@@ -388,9 +362,8 @@ def _unit_stride(up: torch.Tensor | None) -> torch.Tensor | None:
 
 
 def _epilogue_takes(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> bool:
-    """Whether gelu_linear forms the GELU in the kernel's epilogue (one launch) for input x: at most
-    SKINNY_ROWS rows (the prologue forms every row in every program)."""
-    return x.shape[0] <= SKINNY_ROWS and takes_gemv(x.shape[0], w) and (up is not None or w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES)
+    """Whether gelu_linear forms the GELU in the kernel's epilogue (one launch) for input x."""
+    return takes_gemv(x.shape[0], w) and (up is not None or w.numel() * w.element_size() <= EPILOGUE_MAX_BYTES)
 
 
 def _gelu_out(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -> torch.Tensor:

@@ -10,8 +10,6 @@ import torch
 
 pytest.importorskip("triton", reason="the triton extra is not installed")
 
-import triton  # noqa: E402
-
 from g4rt.plugins import triton_gemv as tg  # noqa: E402
 
 
@@ -337,28 +335,6 @@ def test_serving_rows_take_a_row_tile_of_their_own_and_split_the_same_way(rows):
         assert torch.equal(tg.gemv(x, w, config=(16, 32, 4, 2), splits=splits), out[:rows])
 
 
-def test_a_serving_batch_takes_the_kernel_for_a_weight_cut_over_k_in_at_most_three_runs():
-    """Above SKINNY_ROWS and up to SERVING_ROWS rows (a decode batch's graph bucket of 64): the kernel for the
-    31B's o_proj and down_proj (42 column blocks of SERVING_CONFIG, cut in 3), cuBLAS for its packed q/k/v,
-    gate/up and lm_head (wide), the E4B's down_proj (20 blocks: 6 runs), a short K, or more rows. The op
-    then computes the kernel's values, within fp32 rounding of the fp64 product."""
-    def weight(n, k):
-        return torch.empty(n, k, dtype=torch.bfloat16, device="meta")
-    cpu = torch.device("cpu")
-    assert tg.serving_plan(5376, 21504, cpu) == (tg.SERVING_CONFIG, 3) == tg.serving_plan(5376, 8192, cpu)
-    assert tg.takes_gemv(tg.SERVING_ROWS, weight(5376, 21504)) and tg.takes_gemv(tg.SKINNY_ROWS + 1, weight(5376, 8192))
-    assert not tg.takes_gemv(tg.SERVING_ROWS + 1, weight(5376, 21504))
-    for n, k in ((16384, 5376), (43008, 5376), (262144, 5376), (2560, 10240), (5376, 2048)):
-        assert not tg.takes_gemv(tg.SERVING_ROWS, weight(n, k)) and tg.serving_plan(n, k, cpu) is None
-    assert tg.op_plan(1, 5376, 21504, cpu) == tg.gemv_plan(5376, 21504, cpu)
-    g = torch.Generator().manual_seed(4)
-    w = torch.randn(128 * 44, tg.SPLIT_MIN_K, generator=g) / tg.SPLIT_MIN_K ** 0.5  # 44 blocks: cut in 3
-    x = torch.randn(tg.SKINNY_ROWS + 3, tg.SPLIT_MIN_K, generator=g)
-    got = torch.ops.g4rt.skinny_linear(x, w)
-    torch.testing.assert_close(got, (x.double() @ w.double().T).float(), rtol=1e-5, atol=1e-5)
-    assert torch.equal(got, tg.gemv(x, w, tg.SERVING_CONFIG, splits=3))
-
-
 @pytest.mark.skipif(tg.interpreting() or not torch.cuda.is_available(), reason="the compiled kernel: needs a CUDA GPU")
 @pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("n,k", [(5376, 21504), (16384, 5376)])
@@ -372,15 +348,9 @@ def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
     w = (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).bfloat16()
     want = (x.double() @ w.double().T)
     tol = 2 * torch.finfo(torch.bfloat16).eps * want.abs().max().item()
-    ran = 0
     for config in tg.SERVING_CONFIGS:
         for splits in (1, *tg.SERVING_SPLITS):
             out = torch.full((rows, n), float("nan"), device=dev, dtype=torch.bfloat16)
-            try:
-                tg.gemv(x, w, config=config, out=out, splits=splits)
-            except triton.runtime.errors.OutOfResources:  # a tile whose stages overflow shared memory at these rows
-                continue
+            tg.gemv(x, w, config=config, out=out, splits=splits)
             err = (out.double() - want).abs().max().item()
             assert err <= tol, (config, splits, err, tol)
-            ran += 1
-    assert ran >= 4 * (1 + len(tg.SERVING_SPLITS)) and (rows > tg.SERVING_ROWS or tg.SERVING_CONFIG in tg.SERVING_CONFIGS)
