@@ -4,7 +4,7 @@
 #   mm      the GPU test of the serving tiles (`pytest tests/test_plugins_gemv.py -k on_the_gpu`), then the 31B's
 #           decode matmuls by role at batches 64 and 128, cuBLAS against every serving tile and split
 #           (`bench.engine --config 31b --matmuls --batches 64,128 --roles qkv,gate_up,o_proj,down_proj,lm_head`)
-#   s31     the 31B's decode steps at the batches $STEPS (default 64,128), arms $ARMS (default base new base new
+#   s31     the GPU test of the serving tiles (GPUTEST=0 skips it), then the 31B's decode steps at the batches $STEPS (default 64,128), arms $ARMS (default base new base new
 #           base new), a process each: `bench.engine --config 31b --skip-hf --batches "" --engines inductor
 #           --decode-steps $STEPS --reps 3` (three contexts as the requests grow); base = ab/base, new = this checkout
 #
@@ -21,7 +21,9 @@ case $PART in
       tail -3 "$OUT/gputest.log"
       run_part mm31 "$BUDGET" python3 -m g4rt.bench.engine --config 31b --out "$OUT/mm31" --matmuls --batches 64,128 \
         --roles qkv,gate_up,o_proj,down_proj,lm_head ;;
-  s31) each_arm "${ARMS:-base new base new base new}" steps_31b 110 engine --config 31b --skip-hf --batches "" \
+  s31) [ "${GPUTEST:-1}" = 0 ] || { TRITON_INTERPRET=0 run_part gputest 150 python3 -m pytest -q -p no:cacheprovider \
+         tests/test_plugins_gemv.py -k on_the_gpu; tail -3 "$OUT/gputest.log"; }
+       each_arm "${ARMS:-base new base new base new}" steps_31b 110 engine --config 31b --skip-hf --batches "" \
          --engines inductor --decode-steps "${STEPS:-64,128}" --reps 3 ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
