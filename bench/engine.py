@@ -345,14 +345,15 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
 
 
 @torch.inference_mode()
-def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: tuple[str, ...] = ()) -> list[dict]:
+def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: tuple[str, ...] = (),
+                 gemv: bool = True) -> list[dict]:
     """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
     reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
     checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
     for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
     engines run on CUDA). For the first and last form, batches up to 16 also time the Triton skinny matmul
-    (plugins/triton_gemv.py) over its configs (`gemv_record`). `roles_like`: only the roles whose name holds
-    one of these (all if empty)."""
+    (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `roles_like`: only the
+    roles whose name holds one of these (all if empty)."""
     from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
     roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (role, weight shape): every layer's weight
 
@@ -391,7 +392,7 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
             records.append({"stage": "matmul_roles", "role": role, "form": form, "batch": m, "layers": len(mats),
                             "shape": list(mats[0].shape), "ms": round(ms, 4), "GBps": round(nbytes / ms / 1e6, 1),
                             "of_copy_bw": round(nbytes / ms / 1e-3 / bw, 3)})
-            if form != "in_out" and m <= triton_gemv.MAX_ROWS:
+            if gemv and form != "in_out" and m <= triton_gemv.MAX_ROWS:
                 g = gemv_record(x, mats, reps)
                 g.update(role=role, form=f"{form}+gemv", batch=m,
                          of_copy_bw=None if g["ms"] is None else round(nbytes / g["ms"] / 1e-3 / bw, 3))
@@ -709,6 +710,8 @@ def main(argv=None) -> int:
                     help="also compare the engines' greedy tokens on requests arriving one per step (mixed steps)")
     ap.add_argument("--matmuls", action="store_true",
                     help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
+    ap.add_argument("--no-gemv", dest="gemv", action="store_false",
+                    help="with --matmuls: cuBLAS only, not the Triton skinny matmul's configs")
     ap.add_argument("--roles", default="", help="with --matmuls: only the roles whose name holds one of these "
                     "comma-separated parts, e.g. qkv,gate_up,o_proj,down_proj,lm_head (the forms a step runs)")
     ap.add_argument("--profile", action="store_true",
@@ -731,7 +734,16 @@ def main(argv=None) -> int:
                          "(first_launches), on an inductor engine of its own")
     ap.add_argument("--stop-after", type=float, default=0.0,
                     help="seconds after which the throughput stages still to run are skipped (0: none)")
+    ap.add_argument("--blas", default="default", choices=["default", "cublas", "cublaslt"],
+                    help="the library torch's cuBLAS-side matmuls go through (torch.backends.cuda."
+                         "preferred_blas_library); default leaves torch's choice")
+    ap.add_argument("--no-bf16-reduced-reduction", dest="bf16_reduction", action="store_false",
+                    help="forbid cuBLAS reductions in bf16 inside a bf16 matmul (torch.backends.cuda.matmul."
+                         "allow_bf16_reduced_precision_reduction = False), which changes the kernels it may pick")
     a = ap.parse_args(argv)
+    if a.blas != "default":
+        torch.backends.cuda.preferred_blas_library(a.blas)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = a.bf16_reduction
     unknown = set(a.engines.split(",")) - {"eager", "inductor"}
     if unknown:
         ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
@@ -745,11 +757,12 @@ def main(argv=None) -> int:
     wbytes = weight_bytes_per_step(model)
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
+         "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})
     batches = [int(x) for x in a.batches.split(",") if x]
     if a.matmuls:
-        for r in matmul_roles(model, bw, batches, roles_like=tuple(p for p in a.roles.split(",") if p)):
+        for r in matmul_roles(model, bw, batches, roles_like=tuple(p for p in a.roles.split(",") if p), gemv=a.gemv):
             log(r)
         return 0
     geometry = PageGeometry.build(model.layout)

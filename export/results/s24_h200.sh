@@ -4,13 +4,16 @@
 #   mm      the GPU test of the serving tiles (`pytest tests/test_plugins_gemv.py -k on_the_gpu`), then the 31B's
 #           decode matmuls by role at batches 64 and 128, cuBLAS against every serving tile and split
 #           (`bench.engine --config 31b --matmuls --batches 64,128 --roles qkv,gate_up,o_proj,down_proj,lm_head`)
+#   blas    the 31B's decode matmuls by role at batches 64, 128 and 256 through cuBLAS three ways, a process each:
+#           torch's default, `--blas cublaslt` (cuBLASLt's heuristic), `--no-bf16-reduced-reduction` (`bench.engine
+#           --config 31b --matmuls --no-gemv --batches 64,128,256 --roles qkv,gate_up,o_proj,down_proj,lm_head`)
 #   s31     the GPU test of the serving tiles (GPUTEST=0 skips it), then the 31B's decode steps at the batches $STEPS (default 64,128), arms $ARMS (default base new base new
 #           base new), a process each: `bench.engine --config 31b --skip-hf --batches "" --engines inductor
 #           --decode-steps $STEPS --reps 3` (three contexts as the requests grow); base = ab/base, new = this checkout
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x    # the base arm
 #     bash export/results/s24_h200.sh PART [budget_s]   # default 570 s; results under $OUT
-PART=${1:?PART: mm or s31}
+PART=${1:?PART: mm, blas or s31}
 BUDGET=${2:-570}
 TAG=s24-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -21,6 +24,11 @@ case $PART in
       tail -3 "$OUT/gputest.log"
       run_part mm31 "$BUDGET" python3 -m g4rt.bench.engine --config 31b --out "$OUT/mm31" --matmuls --batches 64,128 \
         --roles qkv,gate_up,o_proj,down_proj,lm_head ;;
+  blas) for arm in default cublaslt no-reduced; do
+          flags=(); [ $arm = cublaslt ] && flags=(--blas cublaslt); [ $arm = no-reduced ] && flags=(--no-bf16-reduced-reduction)
+          run_part "blas_$arm" 150 python3 -m g4rt.bench.engine --config 31b --out "$OUT/blas_$arm" --matmuls --no-gemv \
+            --batches 64,128,256 --roles qkv,gate_up,o_proj,down_proj,lm_head "${flags[@]}"
+        done ;;
   s31) [ "${GPUTEST:-1}" = 0 ] || { TRITON_INTERPRET=0 run_part gputest 150 python3 -m pytest -q -p no:cacheprovider \
          tests/test_plugins_gemv.py -k on_the_gpu; tail -3 "$OUT/gputest.log"; }
        each_arm "${ARMS:-base new base new base new}" steps_31b 110 engine --config 31b --skip-hf --batches "" \
