@@ -331,11 +331,39 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     return rows <= SKINNY_ROWS and (every_sm or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
+# cuBLASLt's heuristic picks other kernels than cuBLAS's for some decode shapes. On the H200, one role at a time:
+# at 64 rows the 31B's o_proj and down_proj (K > N) took 5.36 against 5.74 ms over their 120 launches (sliding
+# o_proj 1.23 against 1.41), where at 128 rows its sliding o_proj was slower (1.40 against 1.29); at 256 rows its
+# weights with N > K (packed q/k/v, gate/up, lm_head) 16.52 against 17.07 ms over 121 (export/results, session 24).
+CUBLASLT_LONG_K_ROWS = (32, 64)  # rows (above, up to) at which a weight with K > N goes through cuBLASLt
+CUBLASLT_WIDE_MIN_ROWS = 128  # rows above which a weight with N > K does
+
+
+def cublaslt_takes(rows: int, n: int, k: int) -> bool:
+    """Whether blas_linear runs `rows` rows against a weight [n, k] through cuBLASLt rather than cuBLAS."""
+    lo, hi = CUBLASLT_LONG_K_ROWS
+    return (lo < rows <= hi and k > n) or (rows > CUBLASLT_WIDE_MIN_ROWS and n > k)
+
+
+def blas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w) on CUDA through the BLAS library `cublaslt_takes` names for its shape (torch's preferred
+    library, set for this call only), elsewhere plain F.linear."""
+    if x.device.type != "cuda" or not cublaslt_takes(x.shape[0], *w.shape):
+        return F.linear(x, w)
+    before = torch.backends.cuda.preferred_blas_library()
+    torch.backends.cuda.preferred_blas_library("cublaslt")
+    try:
+        return F.linear(x, w)
+    finally:
+        torch.backends.cuda.preferred_blas_library(before)
+
+
 @torch.library.custom_op("g4rt::skinny_linear", mutates_args=())
 def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else cuBLAS. One opaque
-    op, so the eager and the compiled engine make the same choice and compute the same bits."""
-    return _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else F.linear(x, w)
+    """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else a BLAS library's
+    (blas_linear). One opaque op, so the eager and the compiled engine make the same choice and compute the
+    same bits."""
+    return _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else blas_linear(x, w)
 
 
 def _planned_gemv(x: torch.Tensor, w: torch.Tensor, **epilogue) -> torch.Tensor:
@@ -380,7 +408,7 @@ def _gelu_linear_op(x: torch.Tensor, w: torch.Tensor, up: torch.Tensor | None) -
     EPILOGUE_MAX_BYTES, else the gelu kernel after it."""
     if _epilogue_takes(x, w, up):
         return _planned_gemv(x, w, halves=up is None, up=_unit_stride(up))
-    y = _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else F.linear(x, w)
+    y = _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else blas_linear(x, w)
     if up is None:
         y, up = y.split(y.shape[-1] // 2, dim=-1)
     return gelu_tanh_mul(y, up)
