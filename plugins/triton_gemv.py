@@ -331,18 +331,19 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     return rows <= SKINNY_ROWS and (every_sm or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
-# cuBLASLt's heuristic picks other kernels than cuBLAS's for some decode shapes. On the H200, one role at a time:
-# at 64 rows the 31B's o_proj and down_proj (K > N) took 5.36 against 5.74 ms over their 120 launches (sliding
-# o_proj 1.23 against 1.41), where at 128 rows its sliding o_proj was slower (1.40 against 1.29); at 256 rows its
-# weights with N > K (packed q/k/v, gate/up, lm_head) 16.52 against 17.07 ms over 121 (export/results, session 24).
-CUBLASLT_LONG_K_ROWS = (32, 64)  # rows (above, up to) at which a weight with K > N goes through cuBLASLt
-CUBLASLT_WIDE_MIN_ROWS = 128  # rows above which a weight with N > K does
+# cuBLASLt's heuristic picks other kernels than cuBLAS's for some decode shapes. On the H200, one role at a time,
+# the 31B's o_proj and down_proj (K > N) at 64 rows took 5.36 against 5.74 ms over their 120 launches (sliding
+# o_proj 1.23 against 1.41), and the decode step at batch 64 0.6-1.0 % less; at 128 rows its down_proj and
+# full o_proj (K >= 3N) 4.62 against 4.74 ms over 70 launches, where the sliding o_proj (K = 1.5N) was slower
+# (1.40 against 1.29); at 256 rows its weights with N > K 16.52 against 17.07 ms over 121 launches, but the
+# step at batch 256 0.4-0.5 % more (export/results, session 24).
+CUBLASLT_ROWS = (32, 64, 128)  # rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N
 
 
 def cublaslt_takes(rows: int, n: int, k: int) -> bool:
     """Whether blas_linear runs `rows` rows against a weight [n, k] through cuBLASLt rather than cuBLAS."""
-    lo, hi = CUBLASLT_LONG_K_ROWS
-    return (lo < rows <= hi and k > n) or (rows > CUBLASLT_WIDE_MIN_ROWS and n > k)
+    lo, mid, hi = CUBLASLT_ROWS
+    return lo < rows <= hi and k > n and (rows <= mid or k >= 3 * n)
 
 
 def blas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -364,21 +364,24 @@ def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
     assert ran >= (len(tg.SERVING_CONFIGS) - 1) * (1 + len(tg.SERVING_SPLITS))  # all but one tile at 128 rows
 
 
-def test_cublaslt_takes_long_k_weights_at_64_rows_and_wide_ones_above_128():
-    """The BLAS library by shape (cublaslt_takes): the 31B's o_proj/down_proj (K > N) at 33-64 rows, its packed
-    q/k/v, gate/up and lm_head (N > K) above 128; cuBLAS otherwise. Off CUDA, blas_linear is F.linear."""
+def test_cublaslt_takes_long_k_weights_from_33_rows_to_128():
+    """The BLAS library by shape (cublaslt_takes): the 31B's o_proj and down_proj (K > N) at 33-64 rows, its
+    down_proj and full o_proj (K >= 3N) at 65-128; cuBLAS for its sliding o_proj there, for weights with N > K,
+    and for fewer or more rows. Off CUDA, blas_linear is F.linear."""
     assert tg.cublaslt_takes(64, 5376, 21504) and tg.cublaslt_takes(33, 5376, 8192)
-    for rows in (8, 32, 65, 128, 256):
+    assert tg.cublaslt_takes(128, 5376, 21504) and tg.cublaslt_takes(65, 5376, 16384)
+    assert not tg.cublaslt_takes(65, 5376, 8192) and not tg.cublaslt_takes(128, 5376, 8192)
+    for rows in (8, 32, 129, 256):
         assert not tg.cublaslt_takes(rows, 5376, 21504)
-    assert not tg.cublaslt_takes(128, 43008, 5376) and not tg.cublaslt_takes(64, 16384, 5376)
-    assert tg.cublaslt_takes(129, 43008, 5376) and tg.cublaslt_takes(256, 262144, 5376)
+    for rows in (64, 128, 256):
+        assert not tg.cublaslt_takes(rows, 43008, 5376) and not tg.cublaslt_takes(rows, 262144, 5376)
     g = torch.Generator().manual_seed(5)
     x, w = torch.randn(64, 48, generator=g), torch.randn(16, 48, generator=g)
     assert torch.equal(tg.blas_linear(x, w), torch.nn.functional.linear(x, w))
 
 
 @pytest.mark.skipif(tg.interpreting() or not torch.cuda.is_available(), reason="cuBLASLt: needs a CUDA GPU")
-@pytest.mark.parametrize("rows,n,k", [(64, 5376, 8192), (256, 16384, 5376), (128, 5376, 8192)])
+@pytest.mark.parametrize("rows,n,k", [(64, 5376, 8192), (128, 5376, 21504), (128, 5376, 8192)])
 def test_blas_linear_on_the_gpu_sets_the_library_for_its_call_only(rows, n, k):
     """On fresh random bf16 inputs, within bf16 rounding of the fp64 product whichever library the rule names,
     and torch's preferred library as it was after the call."""
