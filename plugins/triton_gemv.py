@@ -336,9 +336,10 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
 # o_proj 1.23 against 1.41), and the decode step at batch 64 0.6-1.0 % less; at 128 rows its down_proj and
 # full o_proj (K >= 3N) 4.62 against 4.74 ms over 70 launches, where the sliding o_proj (K = 1.5N) was slower
 # (1.40 against 1.29); at 256 rows its weights with N > K 16.52 against 17.07 ms over 121 launches, but the
-# step at batch 256 0.4-0.5 % more. The E4B's down_proj at 128 rows: 0.86 against 0.90 ms over 42 launches (a tie
-# at 64); the E2B's K > N weights (N 1,536) were 1-36 % slower through cuBLASLt (export/results, session 24).
-CUBLASLT_ROWS = (32, 64, 128)  # rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N
+# step at batch 256 0.4-0.5 % more. At 16 and 32 rows the 31B's K > N weights took 5.14 and 5.17 ms against 5.28
+# and 5.40 (not measured in the step). The E4B's down_proj at 128 rows: 0.86 against 0.90 ms over 42 launches (a
+# tie at 64); the E2B's K > N weights (N 1,536) were 1-36 % slower through cuBLASLt (export/results, session 24).
+CUBLASLT_ROWS = (SKINNY_ROWS, 64, 128)  # rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N
 CUBLASLT_MIN_N = 2560  # and only for a weight of this many outputs or more
 
 

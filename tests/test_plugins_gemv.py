@@ -364,15 +364,15 @@ def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
     assert ran >= (len(tg.SERVING_CONFIGS) - 1) * (1 + len(tg.SERVING_SPLITS))  # all but one tile at 128 rows
 
 
-def test_cublaslt_takes_long_k_weights_from_33_rows_to_128():
-    """The BLAS library by shape (cublaslt_takes): the 31B's o_proj and down_proj (K > N) at 33-64 rows, its
+def test_cublaslt_takes_long_k_weights_from_9_rows_to_128():
+    """The BLAS library by shape (cublaslt_takes): the 31B's o_proj and down_proj (K > N) at 9-64 rows, its
     down_proj and full o_proj (K >= 3N) at 65-128; cuBLAS for its sliding o_proj there, for weights with N > K,
     for the E2B's 1,536-wide ones, and for fewer or more rows. Off CUDA, blas_linear is F.linear."""
     assert tg.cublaslt_takes(128, 2560, 10240) and not tg.cublaslt_takes(64, 1536, 12288)
-    assert tg.cublaslt_takes(64, 5376, 21504) and tg.cublaslt_takes(33, 5376, 8192)
+    assert tg.cublaslt_takes(64, 5376, 21504) and tg.cublaslt_takes(tg.SKINNY_ROWS + 1, 5376, 8192)
     assert tg.cublaslt_takes(128, 5376, 21504) and tg.cublaslt_takes(65, 5376, 16384)
     assert not tg.cublaslt_takes(65, 5376, 8192) and not tg.cublaslt_takes(128, 5376, 8192)
-    for rows in (8, 32, 129, 256):
+    for rows in (1, tg.SKINNY_ROWS, 129, 256):
         assert not tg.cublaslt_takes(rows, 5376, 21504)
     for rows in (64, 128, 256):
         assert not tg.cublaslt_takes(rows, 43008, 5376) and not tg.cublaslt_takes(rows, 262144, 5376)
