@@ -309,10 +309,10 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
     """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of `plans`
     ((tile, splits) pairs; default for up to 16 rows GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest
     narrow tile at GEMV_SPLITS runs over K, for more rows SERVING_CONFIGS unsplit and, where a tile's column
-    blocks are fewer than the SMs, at SERVING_SPLITS runs) and the op's own: its values against cuBLAS's on the first weight (before any
-    timing), then the median graph replay; the fastest (tile + [splits]) and its time as `best_config` and
-    `ms` (None if none ran), every one's beside it, and the plan `g4rt::skinny_linear` takes for the shape
-    with its time (`op_config`, `op_ms`)."""
+    blocks are fewer than the SMs, at SERVING_SPLITS runs) and the op's own: its values against cuBLAS's on
+    the first weight (before any timing), then the median graph replay; the fastest (tile + [splits]) and its
+    time as `best_config` and `ms` (None if none ran), every one's beside it, and the plan
+    `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`)."""
     from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
     op = tg.gemv_plan(*mats[0].shape, x.device)

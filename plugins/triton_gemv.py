@@ -1,5 +1,5 @@
-"""A skinny-matmul kernel for decode: y = x @ w.T for a few rows of x (M <= 16) and a weight in the
-checkpoint's [out, in] layout, read once at the memory's speed.
+"""A skinny-matmul kernel for decode: y = x @ w.T for a few rows of x (the op's M <= 8; up to 128 for the bench's
+serving sweep) and a weight in the checkpoint's [out, in] layout, read once at the memory's speed.
 
 Why: at batch 1 the 31B's step is its matmuls (15.9 ms of 17.4), and cuBLAS reads some roles below the
 copy bandwidth (export/results, matmul roles: the packed gate/up at 92 %, o_proj at 85 %), the E2B's
@@ -24,7 +24,7 @@ tile gives it the programs). Measured on the H200 at batch 1 against the step th
 and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (session
 13); the cut over K and the narrow tiles by SM share then took the E4B to 3.95 ms and the E2B to 2.51,
 and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
-F.linear. The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
+`blas_linear`: cuBLAS, or cuBLASLt for the shapes where it measured faster (session 24). The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
 (`g4rt::gelu_linear`): the E4B's step 3.96 -> 3.87 ms, 84 launches fewer; not for the 31B's, which it
 slowed (session 16). The residual step before such a GELU, its norms included, is this kernel's prologue
 (`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every program forms the input rows whole from L2 into a
@@ -337,9 +337,11 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
 # full o_proj (K >= 3N) 4.62 against 4.74 ms over 70 launches, where the sliding o_proj (K = 1.5N) was slower
 # (1.40 against 1.29); at 256 rows its weights with N > K 16.52 against 17.07 ms over 121 launches, but the
 # step at batch 256 0.4-0.5 % more. At 16 and 32 rows the 31B's K > N weights took 5.14 and 5.17 ms against 5.28
-# and 5.40 (not measured in the step). The E4B's down_proj at 128 rows: 0.86 against 0.90 ms over 42 launches (a
-# tie at 64); the E2B's K > N weights (N 1,536) were 1-36 % slower through cuBLASLt (export/results, session 24).
-CUBLASLT_ROWS = (SKINNY_ROWS, 64, 128)  # rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N
+# and 5.40, and the step at batch 32 0.9 % less (batch 16 not measured in the step). The E4B's down_proj at 128
+# rows: 0.86 against 0.90 ms over 42 launches (a tie at 64); the E2B's K > N weights (N 1,536) were 1-36 % slower
+# through cuBLASLt (export/results, session 24).
+# Rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N:
+CUBLASLT_ROWS = (SKINNY_ROWS, 64, 128)
 CUBLASLT_MIN_N = 2560  # and only for a weight of this many outputs or more
 
 
