@@ -312,10 +312,11 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
     blocks are fewer than the SMs, at SERVING_SPLITS runs) and the op's own: its values against cuBLAS's on
     the first weight (before any timing), then the median graph replay; the fastest (tile + [splits]) and its
     time as `best_config` and `ms` (None if none ran), every one's beside it, and the plan
-    `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`)."""
+    `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`; None where the op runs a
+    BLAS library for these rows)."""
     from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
-    op = tg.gemv_plan(*mats[0].shape, x.device)
+    op = tg.gemv_plan(*mats[0].shape, x.device) if tg.takes_gemv(x.shape[0], mats[0]) else None
     if plans is None and x.shape[0] > 16:
         n, sms = mats[0].shape[0], tg.sm_count(x.device)
         plans = [(c, s) for c in tg.SERVING_CONFIGS
@@ -323,7 +324,7 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
     elif plans is None:
         plans = [(c, 1) for c in tg.GEMV_CONFIGS]
         plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in tg.GEMV_SPLITS]
-    plans = plans + ([op] if op not in plans else [])
+    plans = plans + ([op] if op is not None and op not in plans else [])
     tried, best = [], None
     for cfg, splits in plans:
         name = [*cfg, splits]
@@ -337,7 +338,7 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
                 best = (name, ms)
         except Exception as e:  # noqa: BLE001  (a config out of registers or shared memory)
             tried.append({"config": name, "error": f"{type(e).__name__}: {str(e)[:120]}"})
-    op_name = [*op[0], op[1]]
+    op_name = None if op is None else [*op[0], op[1]]
     return {"stage": "matmul_roles", "layers": len(mats), "shape": list(mats[0].shape),
             "ms": None if best is None else round(best[1], 4), "best_config": None if best is None else best[0],
             "op_config": op_name, "op_ms": next((c.get("ms") for c in tried if c["config"] == op_name), None),

@@ -68,6 +68,11 @@ def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
     assert rec["op_config"] == [*configs[0], 1] and rec["op_ms"] == 3.0
     assert [c["ms"] for c in rec["configs"][:3]] == [3.0, 2.0, 1.0] and all(c["rel_err"] < 2e-2 for c in rec["configs"][:3])
     assert "error" in rec["configs"][3]
+    monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), 1.0)[1])
+    rows = torch.randn(tg.SKINNY_ROWS + 1, 256, generator=g).to(torch.bfloat16)  # the op runs a BLAS library
+    rec = engine.gemv_record(rows, mats, reps=3)
+    assert rec["op_config"] is None and rec["op_ms"] is None and not rec["op_takes_kernel"]
+    assert [c["config"] for c in rec["configs"]] == [[*c, 1] for c in configs]
 
 
 def test_the_bench_times_each_role_over_weights_of_one_shape(monkeypatch):
