@@ -317,7 +317,7 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
     from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
     op = tg.gemv_plan(*mats[0].shape, x.device) if tg.takes_gemv(x.shape[0], mats[0]) else None
-    if plans is None and x.shape[0] > 16:
+    if plans is None and x.shape[0] > tg.MIN_ROW_TILE:
         n, sms = mats[0].shape[0], tg.sm_count(x.device)
         plans = [(c, s) for c in tg.SERVING_CONFIGS
                  for s in (1, *(tg.SERVING_SPLITS if -(-n // c[0]) < sms else ()))]
@@ -352,9 +352,9 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
     reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
     checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
     for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
-    engines run on CUDA). For the first and last form, batches up to 16 also time the Triton skinny matmul
-    (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `roles_like`: only the
-    roles whose name holds one of these (all if empty)."""
+    engines run on CUDA). For the first and last form, batches up to MAX_ROWS also time the Triton skinny
+    matmul (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `roles_like`:
+    only the roles whose name holds one of these (all if empty)."""
     from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
     roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (role, weight shape): every layer's weight
 

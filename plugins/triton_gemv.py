@@ -24,12 +24,13 @@ tile gives it the programs). Measured on the H200 at batch 1 against the step th
 and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (session
 13); the cut over K and the narrow tiles by SM share then took the E4B to 3.95 ms and the E2B to 2.51,
 and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
-`blas_linear`: cuBLAS, or cuBLASLt for the shapes where it measured faster (session 24). The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
-(`g4rt::gelu_linear`): the E4B's step 3.96 -> 3.87 ms, 84 launches fewer; not for the 31B's, which it
-slowed (session 16). The residual step before such a GELU, its norms included, is this kernel's prologue
-(`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every program forms the input rows whole from L2 into a
-slice of its own, so no norm kernel runs between the projections: the E4B's step 3.835 -> 3.808 ms and the
-E2B's 2.409 -> 2.348, 84 and 70 launches fewer (export/results, session 21).
+`blas_linear`: cuBLAS, or cuBLASLt for the shapes where it measured faster (session 24). The gated GELU of the
+MLP's packed gate/up and of the PLE gate is this kernel's epilogue (`g4rt::gelu_linear`): the E4B's step 3.96
+-> 3.87 ms, 84 launches fewer; not for the 31B's, which it slowed (session 16). The residual step before such
+a GELU, its norms included, is this kernel's prologue (`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every
+program forms the input rows whole from L2 into a slice of its own, so no norm kernel runs between the
+projections: the E4B's step 3.835 -> 3.808 ms and the E2B's 2.409 -> 2.348, 84 and 70 launches fewer
+(export/results, session 21).
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 128  # rows of x one launch takes, in one row tile (row_tile)
+MIN_ROW_TILE = 16  # the smallest row tile: the dot's smallest M; more rows than it are a serving batch's
 SKINNY_ROWS = 8  # rows up to which `g4rt::skinny_linear` takes the kernel (measured faster at 1 and 8)
 MODEL_CONFIG = (64, 128, 4, 4)  # within 1.5 % of the fastest tile on every role the op serves (31B, batch 1 and 8)
 # The op's tiles for weights too narrow to give every SM a MODEL_CONFIG column block, widest first.
@@ -76,16 +78,16 @@ PACKED_GELU_MIN_K = 2560
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
 GEMV_SPLITS = (2, 4, 8)  # runs over K the bench also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
-# The tiles the bench sweeps for a serving batch (more than 16 rows: a row tile of 32-128 on the tensor cores'
-# warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
+# The tiles the bench sweeps for a serving batch (more than MIN_ROW_TILE rows: a row tile of 32-128 on the
+# tensor cores' warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
 SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
                    (256, 64, 8, 3), (64, 64, 4, 6)]
 SERVING_SPLITS = (2, 3, 4)
 
 
 def row_tile(rows: int) -> int:
-    """A launch's row tile for `rows` rows of x: the next power of two, at least 16 (the dot's smallest M)."""
-    return max(16, triton.next_power_of_2(rows))
+    """A launch's row tile for `rows` rows of x: the next power of two, at least MIN_ROW_TILE."""
+    return max(MIN_ROW_TILE, triton.next_power_of_2(rows))
 
 
 @triton.jit
