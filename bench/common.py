@@ -3,6 +3,8 @@ JSON-lines logger that keeps what a run did even when it is cut short, and where
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from pathlib import Path
 
 import torch
@@ -25,6 +27,19 @@ def log_json(out: Path, record: dict, name: str = "runtime_bench.jsonl") -> dict
 def first_differences(tokens, reference) -> list:
     """Per sequence, the first index where the greedy tokens differ (None: identical)."""
     return [next((i for i, (x, y) in enumerate(zip(p, q)) if x != y), None) for p, q in zip(tokens, reference)]
+
+
+def time_to_first_token(generate, prompt, reps: int = 3) -> dict:
+    """Seconds to the first token of `prompt`: one warm-up (compiles this prefill shape), then `reps` runs."""
+    generate(prompt)
+    times = []
+    for _ in range(reps):
+        sync()
+        t = time.perf_counter()
+        generate(prompt)
+        sync()
+        times.append(time.perf_counter() - t)
+    return {"min_s": round(min(times), 4), "median_s": round(statistics.median(times), 4), "max_s": round(max(times), 4)}
 
 
 _FLUSH = None

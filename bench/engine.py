@@ -20,7 +20,8 @@ measured at the start of the same run. Every record carries that bandwidth and t
 Throughput stages (`--decode-steps`, `--ttft`, `--sampler`) share one inductor engine:
 * decode steps: B requests decoding together, host wall per `LLM.step()` against the replay of the
   CUDA graph it runs, the overlapped step loop and one-step-at-a-time alternated on the same requests;
-* time to first token per prefill chunk size, arms alternated, against the bf16 compute floor;
+* time to first token per prefill chunk size, arms alternated, against the bf16 compute floor (and,
+  without --skip-hf, HF's on the same prompt, in the HF stage);
 * the sampler's cost at 256 rows of the full vocabulary, old vs new (bench/kernels.py sampler_cases).
 """
 from __future__ import annotations
@@ -49,7 +50,7 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
-from .common import ceilings, first_differences, log_json, sync
+from .common import ceilings, first_differences, log_json, sync, time_to_first_token
 
 
 def weight_bytes_per_step(model, batch: int = 1) -> int:
@@ -856,6 +857,11 @@ def main(argv=None) -> int:
                      "decode_tok_s_total": round(r["decode_tok_s_total"], 1), "prefill_s": round(r["prefill_s"], 3),
                      "tokens_equal_eager": r["tokens"] == ours,
                      "first_difference_at": first_differences(r["tokens"], ours or [])})
+            for n in [int(x) for x in a.ttft.split(",") if x]:  # the prompt `ttft` gives the engine
+                ids = torch.tensor(prompts_for(model, 1, n, a.seed), device="cuda")
+                with torch.inference_mode():
+                    log({"stage": "ttft", "engine": "hf", "prompt_len": n, "reps": a.reps, **time_to_first_token(
+                        lambda p: hf.generate(p, max_new_tokens=1, min_new_tokens=1, do_sample=False), ids, a.reps)})
             del hf
             torch.cuda.empty_cache()
         except Exception as e:

@@ -44,7 +44,7 @@ from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .common import ceilings, first_differences, log_json, sync, time_ms
+from .common import ceilings, first_differences, log_json, sync, time_ms, time_to_first_token
 from .engine import (active_weight_bytes, decode_profile, expert_bytes, hf_decode, hf_model_from,
                      kernel_kinds, kv_bytes_per_step, prompts_for, run_llm, weight_bytes_per_step)
 
@@ -141,19 +141,6 @@ def moe_op_times(model, tokens: int, ceil: dict, seed: int, tiles: dict | None =
             "distinct_experts_per_layer": round(statistics.mean(distinct), 2),
             "expert_GBps": round(nbytes / ms / 1e6, 1), "of_copy_bw": round(nbytes / ms / 1e-3 / (ceil["copy_GBps"] * 1e9), 3),
             "TFLOPs": round(flops / ms / 1e9, 1), "kernels_ms": kernel_kinds(prof)["top"][:6]}
-
-
-def time_to_first_token(generate, prompt, reps: int = 3) -> dict:
-    """Seconds to the first token of `prompt`: one warm-up (compiles this prefill shape), then `reps` runs."""
-    generate(prompt)
-    times = []
-    for _ in range(reps):
-        sync()
-        t = time.perf_counter()
-        generate(prompt)
-        sync()
-        times.append(time.perf_counter() - t)
-    return {"min_s": round(min(times), 4), "median_s": round(statistics.median(times), 4), "max_s": round(max(times), 4)}
 
 
 def main(argv=None) -> int:

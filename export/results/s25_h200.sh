@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# H200 calls of session 25: the cuBLASLt rule (plugins/triton_gemv.py: cublaslt_takes) in the step where session 24
+# measured it only role by role. One PART per call, arms $ARMS (default base new base new base new), a process each;
+# base = ab/base (cccf4a9: cuBLAS for every matmul the Triton kernel does not take), new = this checkout:
+#
+#   b16   the 31B's decode steps at batch 16 (`bench.engine --config 31b --skip-hf --batches "" --engines inductor
+#         --decode-steps 16 --reps 3`, three contexts as the requests grow)
+#   moe   the 26B-A4B's decode steps at batches 16 and 64, the same command with `--config 26b-a4b --decode-steps 16,64`
+#         (its o_proj, N 2,816 and K 4,096, is the weight the rule gives cuBLASLt at 9-64 rows)
+#   board issue 12's targets in one process of this checkout, HF beside: the 31B at batch 1 (eager, inductor, HF),
+#         its decode steps at 64 / 128 / 256 and its time to first token at 2,048 / 8,192 with 2,048-token chunks
+#         (`bench.engine --config 31b --batches 1 --new-tokens 64 --decode-steps 64,128,256 --ttft 2048,8192
+#         --ttft-chunks 2048 --reps 3`)
+#   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
+#         (`bench.engine --config M --batches 1 --new-tokens 32`)
+#
+#     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm
+#     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
+PART=${1:?PART: b16, moe, board or small}
+BUDGET=${2:-570}
+TAG=s25-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+ARMS=${ARMS:-base new base new base new}  # b16 and moe
+case $PART in
+  b16) each_arm "$ARMS" steps_31b_b16 90 engine --config 31b --skip-hf --batches "" --engines inductor \
+         --decode-steps 16 --reps 3 ;;
+  moe) each_arm "$ARMS" steps_26b 150 engine --config 26b-a4b --skip-hf --batches "" --engines inductor \
+         --decode-steps 16,64 --reps 3 ;;
+  board) run_arm /tmp/pkg new 1 board_31b "$BUDGET" engine --config 31b --batches 1 --new-tokens 64 \
+           --decode-steps 64,128,256 --ttft 2048,8192 --ttft-chunks 2048 --reps 3 ;;
+  small) for rep in $(seq "${REPS:-3}"); do
+           for m in e4b e2b; do
+             run_arm /tmp/pkg new "$rep" board_$m 90 engine --config $m --batches 1 --new-tokens 32
+           done
+         done ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
