@@ -11,6 +11,8 @@
 #         its decode steps at 64 / 128 / 256 and its time to first token at 2,048 / 8,192 with 2,048-token chunks
 #         (`bench.engine --config 31b --batches 1 --new-tokens 64 --decode-steps 64,128,256 --ttft 2048,8192
 #         --ttft-chunks 2048 --reps 3`)
+#   b1    $MODELS (default 31b) at batch 1, arms alternated (`bench.engine --config M --skip-hf --batches 1 --new-tokens
+#         32`), base = ab/base at a00500a (the tree of session 18's batch-1 record, h200_s18_call8_b1_31b.jsonl)
 #   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
 #         (`bench.engine --config M --batches 1 --new-tokens 32`)
 #
@@ -21,7 +23,7 @@ BUDGET=${2:-570}
 TAG=s25-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
-ARMS=${ARMS:-base new base new base new}  # b16 and moe
+ARMS=${ARMS:-base new base new base new}  # b16, moe and b1
 case $PART in
   b16) each_arm "$ARMS" steps_31b_b16 90 engine --config 31b --skip-hf --batches "" --engines inductor \
          --decode-steps 16 --reps 3 ;;
@@ -29,6 +31,7 @@ case $PART in
          --decode-steps 16,64 --reps 3 ;;
   board) run_arm /tmp/pkg new 1 board_31b "$BUDGET" engine --config 31b --batches 1 --new-tokens 64 \
            --decode-steps 64,128,256 --ttft 2048,8192 --ttft-chunks 2048 --reps 3 ;;
+  b1) batch1 80 31b "$ARMS" ;;
   small) for rep in $(seq "${REPS:-3}"); do
            for m in e4b e2b; do
              run_arm /tmp/pkg new "$rep" board_$m 90 engine --config $m --batches 1 --new-tokens 32
