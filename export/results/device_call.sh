@@ -1,6 +1,6 @@
 # Sourced by the device-call scripts here (pw_h200.sh, s6, s8, s9, s10) after they set BUDGET (seconds for
 # the whole call) and TAG (their log prefix): checks OUT, links this checkout as the package `g4rt`,
-# starts the call's clock (T0) and defines
+# starts the call's clock (T0), writes the GPU's clock limits and power cap to $OUT/gpu.csv and defines
 # run_part NAME CAP_S COMMAND...: run COMMAND with at most CAP_S seconds, and no more than the call's
 # budget leaves (less 10 s), its output in $OUT/NAME.log; print the records' stages when it ends.
 set -u
@@ -8,6 +8,9 @@ set -u
 mkdir -p /tmp/pkg && ln -sfn "$PWD" /tmp/pkg/g4rt
 export PYTHONPATH=/tmp/pkg PYTHONUNBUFFERED=1
 T0=$SECONDS
+# the machine's clock limits and power cap: machines of the pool differ at the same copy bandwidth
+nvidia-smi --query-gpu=name,clocks.max.sm,clocks.applications.graphics,clocks.max.mem,power.limit,power.max_limit \
+  --format=csv > "$OUT/gpu.csv" 2>&1 || true
 run_part() {
   local name=$1 cap=$2; shift 2
   local left=$((BUDGET - (SECONDS - T0) - 10)); local limit=$((cap < left ? cap : left))
