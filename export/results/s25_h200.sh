@@ -14,7 +14,7 @@
 #   b1    $MODELS (default 31b) at batch 1, arms alternated (`bench.engine --config M --skip-hf --batches 1 --new-tokens
 #         32`), base = ab/base at a00500a (the tree of session 18's batch-1 record, h200_s18_call8_b1_31b.jsonl)
 #   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
-#         (`bench.engine --config M --batches 1 --new-tokens 32`)
+#         (`bench.engine --config M --batches 1 --new-tokens 32`); the SM clock and power sampled each second (clocks.csv)
 #
 #     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
@@ -32,11 +32,14 @@ case $PART in
   board) run_arm /tmp/pkg new 1 board_31b "$BUDGET" engine --config 31b --batches 1 --new-tokens 64 \
            --decode-steps 64,128,256 --ttft 2048,8192 --ttft-chunks 2048 --reps 3 ;;
   b1) batch1 80 31b "$ARMS" ;;
-  small) for rep in $(seq "${REPS:-3}"); do
+  small) nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu --format=csv -lms 1000 \
+           > "$OUT/clocks.csv" 2>&1 & sampler=$!
+         for rep in $(seq "${REPS:-3}"); do
            for m in e4b e2b; do
              run_arm /tmp/pkg new "$rep" board_$m 90 engine --config $m --batches 1 --new-tokens 32
            done
-         done ;;
+         done
+         kill $sampler ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
