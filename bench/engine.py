@@ -77,6 +77,20 @@ def active_weight_bytes(model, distinct: list[float], batch: int = 1) -> int:
     return weight_bytes_per_step(model, batch) - round(unread * expert_bytes(model))
 
 
+def uniform_routing(model, batch: int) -> tuple[list[float], float]:
+    """A mixture-of-experts model's decode step of `batch` tokens as if each router picked its top_k of E
+    experts uniformly: the distinct experts each layer reads, E (1 - (1 - top_k / E)^batch), and the matmul
+    parameters a token takes part in (`matmul_params` less the experts it does not run). A dense model:
+    no layers, `matmul_params`. bench/moe.py counts the routers' real picks instead (`ExpertCensus`)."""
+    cfg = model.config
+    if not cfg.enable_moe_block:
+        return [], float(matmul_params(model))
+    E, k = cfg.num_experts, cfg.top_k_experts
+    distinct = [E * (1 - (1 - k / E) ** batch)] * cfg.num_hidden_layers
+    per_expert = expert_bytes(model) // model.dtype.itemsize
+    return distinct, float(matmul_params(model) - (E - k) * per_expert * cfg.num_hidden_layers)
+
+
 def kv_bytes_per_step(model, batch: int, context: int) -> int:
     """KV bytes a decode step reads at `context` positions: every attending layer reads its cache (a
     KV-shared layer its source's, again), a sliding layer only its window."""
@@ -114,10 +128,13 @@ def roofline(model, batch: int, context: int, ceil: dict) -> dict:
     bf16 matmul rate (`flop_floor_ms`, which passes the byte time at large batches); and `serial_*`, the
     matmuls at the slower of their weight bytes and FLOPs plus the attention at the slower of its KV
     bytes and FLOPs: the bound of a step that runs the two one after the other, as ours does (at batch
-    256 on the 31B the matmuls are compute-bound while the attention reads tens of GB)."""
-    w, kv = weight_bytes_per_step(model, batch), kv_bytes_per_step(model, batch, context)
+    256 on the 31B the matmuls are compute-bound while the attention reads tens of GB). A mixture-of-experts
+    model's experts count as `uniform_routing` reads and runs them."""
+    distinct, params = uniform_routing(model, batch)
+    w = active_weight_bytes(model, distinct, batch) if distinct else weight_bytes_per_step(model, batch)
+    kv = kv_bytes_per_step(model, batch, context)
     bw, peak = ceil["copy_GBps"] * 1e9, ceil["matmul_TFLOPs"] * 1e12
-    mm_flops, at_flops = 2.0 * matmul_params(model) * batch, batch * attention_flops(model, [context - 1])
+    mm_flops, at_flops = 2.0 * params * batch, batch * attention_flops(model, [context - 1])
     ms = (w + kv) / bw * 1e3
     serial = (max(w / bw, mm_flops / peak) + max(kv / bw, at_flops / peak)) * 1e3
     return {"weight_bytes": w, "kv_bytes": kv, "roofline_step_ms": round(ms, 3),

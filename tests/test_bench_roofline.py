@@ -6,8 +6,8 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from g4rt.bench.engine import (attention_flops, exposure, kv_bytes_per_step, matmul_params, roofline,
-                              weight_bytes_per_step)
+from g4rt.bench.engine import (attention_flops, expert_bytes, exposure, kv_bytes_per_step, matmul_params,
+                              roofline, weight_bytes_per_step)
 from g4rt.models.model import Gemma4Model
 
 
@@ -49,6 +49,23 @@ def test_the_serial_floor_adds_the_matmuls_bound_to_the_attentions(e2b):
     assert r["serial_floor_ms"] == pytest.approx((mm / peak + kv / bw) * 1e3, rel=1e-4)
     assert r["serial_floor_ms"] > max(r["roofline_step_ms"], r["flop_floor_ms"])
     assert r["serial_tok_s_total"] == pytest.approx(batch / r["serial_floor_ms"] * 1e3, rel=1e-3)
+
+
+def test_a_mixture_of_experts_step_reads_and_runs_only_the_experts_its_routers_pick():
+    """At batch 1 a layer reads and runs its top_k experts, not all E (counting all of them put the 26B-A4B's
+    steps above their roofline); as the batch grows the distinct experts approach E, and the bytes those of
+    every weight; the FLOPs grow with top_k experts a token whatever the batch."""
+    moe = Gemma4Model(tiny_config("26b"), dtype=torch.bfloat16, device="meta")
+    cfg = moe.config
+    E, k, L = cfg.num_experts, cfg.top_k_experts, cfg.num_hidden_layers
+    ceil = {"copy_GBps": 1e-3, "matmul_TFLOPs": 1e-6}
+    one = roofline(moe, 1, 40, ceil)
+    assert one["weight_bytes"] == weight_bytes_per_step(moe, 1) - (E - k) * L * expert_bytes(moe)
+    many = roofline(moe, 4096, 40, ceil)
+    assert many["weight_bytes"] == pytest.approx(weight_bytes_per_step(moe, 4096), rel=1e-9)
+    assert one["weight_bytes"] < roofline(moe, 2, 40, ceil)["weight_bytes"] < many["weight_bytes"]
+    token = matmul_params(moe) - (E - k) * L * expert_bytes(moe) // 2  # bf16: 2 bytes a parameter
+    assert one["flop_floor_ms"] == pytest.approx((2 * token + attention_flops(moe, [39])) / 1e6 * 1e3, rel=1e-3)
 
 
 def test_a_kernel_is_charged_only_what_it_adds_past_the_kernels_before_it():
