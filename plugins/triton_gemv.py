@@ -1,36 +1,26 @@
 """A skinny-matmul kernel for decode: y = x @ w.T for a few rows of x (the op's M <= 8; up to 128 for the bench's
 serving sweep) and a weight in the checkpoint's [out, in] layout, read once at the memory's speed.
 
-Why: at batch 1 the 31B's step is its matmuls (15.9 ms of 17.4), and cuBLAS reads some roles below the
-copy bandwidth (export/results, matmul roles: the packed gate/up at 92 %, o_proj at 85 %), the E2B's
-small ones far below it. A decode matmul is a stream over the weight: every program owns BLOCK_N output
-columns (weight rows), walks K in BLOCK_K steps with `num_stages` tiles in flight, and accumulates the
-padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program. Its
-first weight tile is read before the program waits for the kernel before it (programmatic dependent
-launch, `await_inputs`): nothing writes weights, so that read overlaps the previous kernel's tail. A
-weight too narrow for one column block per SM can be cut over K as well (`splits`): each run's program
-writes an fp32 partial and the block's last program adds them in run order, so the bits depend on the
-plan (shape-only, `gemv_plan`), never on timing.
+Why: at batch 1 a decode step is its matmuls, and cuBLAS reads some of their weights well below the copy
+bandwidth (the small models' narrow ones furthest). A decode matmul is a stream over the weight: every program
+owns BLOCK_N output columns (weight rows), walks K in BLOCK_K steps with `num_stages` tiles in flight, and
+accumulates the padded [16, BLOCK_N] product in fp32 on the tensor cores; x is re-read from L2 by every program.
+Its first weight tile is read before the program waits for the kernel before it (programmatic dependent launch,
+`await_inputs`): nothing writes weights, so that read overlaps the previous kernel's tail, where cuBLAS's kernels
+wait for the kernel before them to end. A weight too narrow for one column block per SM can be cut over K as well
+(`splits`): each run's program writes an fp32 partial and the block's last program adds them in run order, so
+the bits depend on the plan (shape-only, `gemv_plan`), never on timing.
 
-`python -m g4rt.bench.engine --matmuls` times it per role against cuBLAS over `GEMV_CONFIGS`. On the
-H200 it reads the 31B's packed q/k/v at batch 1 at 98 % of the copy bandwidth where cuBLAS reads 85 %
-(50 sliding layers: 2.10 against 2.41 ms), and the lm_head at 105 % against 100 %; alone it loses to
-cuBLAS on o_proj and down_proj (N 5,376, long K: too few programs) and ties on gate/up (export/results,
-session 10). In the step it gains more than alone: launched with PDL, it starts while the norm or
-attention before it finishes, where cuBLAS's kernels wait for them. So every projection of the model
-goes through the op `g4rt::skinny_linear`, which takes the kernel for a few rows and a weight that
-gives every SM a program of MODEL_CONFIG (wide, or cut over K), or is at most NARROW_BYTES (then a narrow
-tile gives it the programs). Measured on the H200 at batch 1 against the step that took it for q/k/v
-and the lm_head only: 31B 16.41 -> 15.81-15.89 ms a step, E2B 2.97 -> 2.56, E4B 4.42 -> 4.12 (session
-13); the cut over K and the narrow tiles by SM share then took the E4B to 3.95 ms and the E2B to 2.51,
-and tied cuBLAS on the 31B's o_proj and down_proj (export/results, session 15). Everything else is
-`blas_linear`: cuBLAS, or cuBLASLt for the shapes where it measured faster (session 24). The gated GELU of the
-MLP's packed gate/up and of the PLE gate is this kernel's epilogue (`g4rt::gelu_linear`): the E4B's step 3.96
--> 3.87 ms, 84 launches fewer; not for the 31B's, which it slowed (session 16). The residual step before such
-a GELU, its norms included, is this kernel's prologue (`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every
-program forms the input rows whole from L2 into a slice of its own, so no norm kernel runs between the
-projections: the E4B's step 3.835 -> 3.808 ms and the E2B's 2.409 -> 2.348, 84 and 70 launches fewer
-(export/results, session 21).
+Every projection of the model goes through the op `g4rt::skinny_linear`, which takes the kernel for a few rows and
+a weight that gives every SM a program of MODEL_CONFIG (wide, or cut over K), or is at most NARROW_BYTES (then a
+narrow tile gives it the programs); everything else is `blas_linear` (cuBLAS, or cuBLASLt where it measured
+faster). The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
+(`g4rt::gelu_linear`), and the residual step before such a GELU, its norms included, its prologue
+(`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every program forms the input rows whole from L2 into a slice of
+its own, so no norm kernel runs between the projections. Each of these choices was measured on the H200 in the
+step against the one before it (`python -m g4rt.bench.engine --matmuls` per role, `--profile` per launch;
+export/results, sessions 10-24): from the step that took the kernel for the q/k/v and the lm_head only, the
+E4B's batch-1 step went from 4.42 to 3.76 ms and the 31B's from 16.41 to about 15.8.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -333,15 +323,11 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     return rows <= SKINNY_ROWS and (every_sm or w.numel() * w.element_size() <= NARROW_BYTES)
 
 
-# cuBLASLt's heuristic picks other kernels than cuBLAS's for some decode shapes. On the H200, one role at a time,
-# the 31B's o_proj and down_proj (K > N) at 64 rows took 5.36 against 5.74 ms over their 120 launches (sliding
-# o_proj 1.23 against 1.41), and the decode step at batch 64 0.6-1.0 % less; at 128 rows its down_proj and
-# full o_proj (K >= 3N) 4.62 against 4.74 ms over 70 launches, where the sliding o_proj (K = 1.5N) was slower
-# (1.40 against 1.29); at 256 rows its weights with N > K 16.52 against 17.07 ms over 121 launches, but the
-# step at batch 256 0.4-0.5 % more. At 16 and 32 rows the 31B's K > N weights took 5.14 and 5.17 ms against 5.28
-# and 5.40, and the step at batch 32 0.9 % less (batch 16 not measured in the step). The E4B's down_proj at 128
-# rows: 0.86 against 0.90 ms over 42 launches (a tie at 64); the E2B's K > N weights (N 1,536) were 1-36 % slower
-# through cuBLASLt (export/results, session 24).
+# cuBLASLt's heuristic picks other kernels than cuBLAS's for some decode shapes. Measured on the H200, role by
+# role and in the decode step (export/results, sessions 24-25): for long-K weights (o_proj, down_proj) it is
+# faster at 9-64 rows (the 31B's step 0.6-1.1 % faster at batch 16, 32 and 64), at 65-128 rows only where K >= 3N
+# (the 31B's sliding o_proj, K = 1.5N, was slower; its step at batch 128 a tie to 0.8 % faster); above 128 rows the
+# step was slower even where the matmuls alone were faster; and below 2,560 outputs slower (the E2B's, N 1,536).
 # Rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N:
 CUBLASLT_ROWS = (SKINNY_ROWS, 64, 128)
 CUBLASLT_MIN_N = 2560  # and only for a weight of this many outputs or more

@@ -16,7 +16,14 @@
 #   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
 #         (`bench.engine --config M --batches 1 --new-tokens 32`); the SM clock and power sampled each second (clocks.csv)
 #
-#     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm
+# The calls:
+#   1  b16    budget 420, at 2144d2e (this script as 78d9de0 has it), ab/base = cccf4a9
+#   2  moe    budget 540, the same tree and base
+#   3  board  budget 570, at 78d9de0
+#   4  b1     budget 520, at 190aac4, ab/base = a00500a
+#   5  small  budget 500, at cca54b3
+#
+#     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm (a00500a for b1)
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b16, moe, board or small}
 BUDGET=${2:-570}
