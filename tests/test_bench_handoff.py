@@ -1,0 +1,53 @@
+"""bench/handoff.py's chain (a GPU bench of stage hand-offs): under the interpreter, the persistent launch and the
+launch-per-stage arm compute the same bits, both the fp32 chain's values, and the counter meets every stage."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from g4rt.bench.handoff import BLOCK_N, chain
+
+
+def _inputs(n: int, stages: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(stages, n, n, generator=g) / n ** 0.5).to(torch.bfloat16)
+    y = torch.full((stages + 1, n), float("nan"), dtype=torch.bfloat16)
+    y[0] = torch.randn(n, generator=g).to(torch.bfloat16)
+    return w, y
+
+
+@pytest.mark.parametrize("n", [BLOCK_N, 20])
+def test_one_persistent_launch_equals_a_launch_a_stage_and_the_float_chain(n):
+    """One column block (the interpreter runs programs in turn, so a persistent chain takes one); the launch
+    arm's several-block case is the next test's."""
+    stages = 3
+    w, y = _inputs(n, stages, seed=n)
+    count = torch.zeros(1, dtype=torch.int32)
+    per_stage = chain(w, y.clone(), count, persistent=False)
+    persistent = chain(w, y.clone(), count, persistent=True)
+    assert torch.equal(per_stage, persistent)
+    assert int(count) == stages - 1  # one program met the counter between each two stages
+    ref = y[0].float()
+    for s in range(stages):
+        ref = (w[s].float() @ ref).to(torch.bfloat16).float()
+        got = persistent[s + 1].float()
+        assert not got.isnan().any()
+        assert (got - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+def test_a_launch_a_stage_over_several_column_blocks_and_a_long_k():
+    n, stages = 300, 2  # 10 column blocks, K past one BLOCK_K tile, ragged at both ends
+    w, y = _inputs(n, stages, seed=1)
+    got = chain(w, y, torch.zeros(1, dtype=torch.int32), persistent=False)
+    ref = y[0].float()
+    for s in range(stages):
+        ref = (w[s].float() @ ref).to(torch.bfloat16).float()
+        assert (got[s + 1].float() - ref).abs().max() <= 2e-2 * ref.abs().max()
+
+
+def test_the_interpreter_refuses_a_persistent_chain_of_several_programs():
+    w, y = _inputs(64, 2, seed=0)
+    with pytest.raises(ValueError, match="one program"):
+        chain(w, y, torch.zeros(1, dtype=torch.int32), persistent=True)
+    with pytest.raises(ValueError, match=r"y \[S \+ 1, N\]"):
+        chain(w, y[1:], torch.zeros(1, dtype=torch.int32), persistent=False)
