@@ -15,6 +15,7 @@
 #         32`), base = ab/base at a00500a (the tree of session 18's batch-1 record, h200_s18_call8_b1_31b.jsonl)
 #   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
 #         (`bench.engine --config M --batches 1 --new-tokens 32`); the SM clock and power sampled each second (clocks.csv)
+#   handoff  a stage hand-off: `bench.handoff` (both arms, then a process an arm alternated, three each: `--arms A`)
 #
 # The calls:
 #   1  b16    budget 420, at 2144d2e (this script as 78d9de0 has it), ab/base = cccf4a9
@@ -25,7 +26,7 @@
 #
 #     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm (a00500a for b1)
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
-PART=${1:?PART: b16, moe, board or small}
+PART=${1:?PART: b16, moe, board, b1, small or handoff}
 BUDGET=${2:-570}
 TAG=s25-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -47,6 +48,13 @@ case $PART in
            done
          done
          kill $sampler ;;
+  handoff) run_part handoff_both 150 python3 -m g4rt.bench.handoff --out "$OUT/handoff_both"
+           for rep in 1 2 3; do
+             for a in launches persistent; do
+               run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a
+             done
+           done
+           cp "$OUT/handoff_both/handoff.jsonl" "$OUT/handoff_both.jsonl" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
