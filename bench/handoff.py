@@ -2,18 +2,22 @@
 row of x) run as S launches with programmatic dependent launch, as the engine's step runs them, against one
 persistent launch whose programs run every stage and meet at a grid-wide counter between stages (a GPU bench):
 
-    python -m g4rt.bench.handoff --out DIR [--dims 1024,2048,2560,4096] [--stages 32] [--arms launches,persistent]
+    python -m g4rt.bench.handoff --out DIR [--dims 1024,2048,2560,4096] [--stages 32]
+                                      [--arms launches,persistent,prefetch]
 
 Why: the small models' batch-1 step (E2B, E4B) is about 400-480 launches, each of which costs about 3 us beyond
 the time its bytes take (export/results, sessions 20-23). A persistent kernel per layer would replace launch
 boundaries by such counters; this measures whether a counter hands a stage over faster than a launch boundary
 does, on the same stage code. Both arms read a stage's first weight tile before they wait for the stage before.
+A third arm (`prefetch`, Gluon, Hopper only) copies a program's whole slice of the next stage's weight into shared
+memory while it waits at the counter, as a persistent layer kernel would: what is left of a stage after its wait is
+x's read from L2, the sums and the store.
 
 Per dimension and arm, one JSON line in DIR/handoff.jsonl: microseconds a stage (median of `time_ms`'s CUDA-graph
 replays, cold L2, distinct weights a stage, more bytes than L2), the time its weight bytes take at the copy
 bandwidth measured in the same process, and the difference (what the hand-off and the stage's own chain cost;
-the persistent arm's also carries a zeroing of its counter per S stages). Each arm's last stage is compared with
-an fp32 chain (`max_rel_err_vs_fp32`), and the two arms with each other (`arms_equal`: the same bits).
+the persistent arms' also carry a zeroing of their counter per S stages). Each arm's last stage is compared with
+an fp32 chain (`max_rel_err_vs_fp32`), and the two Triton arms with each other (`arms_equal`: the same bits).
 """
 from __future__ import annotations
 
@@ -23,14 +27,20 @@ from pathlib import Path
 import torch
 import triton
 import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from g4rt.plugins.triton_attention import await_inputs, interpreting, pdl_launch
+from g4rt.plugins.gluon_attention import _sync, _tma_load
+from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
 from .common import ceilings, log_json, time_ms
 
 NAME = "handoff.jsonl"
 BLOCK_N, BLOCK_K, WARPS, STAGES = NARROW_CONFIGS[0]  # the op's tile for the small models' narrow weights
+PREFETCH_SMEM = 200 << 10  # the prefetch arm holds a program's whole slice of a stage's weight in shared memory
 
 
 @triton.jit
@@ -68,6 +78,64 @@ def _chain_kernel(w_ptr, y_ptr, count_ptr, first, stages, N, BLOCK_M: tl.constex
             tl.atomic_add(count_ptr, 1, sem="release")
 
 
+@gluon.jit
+def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, BLOCK_N: gl.constexpr,
+                           BK: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """The persistent chain with each program's whole slice of the next stage's weight [BLOCK_N, N] copied into
+    shared memory (NT tensor-memory copies of [BLOCK_N, BK]) while the program meets the others at the counter:
+    after the wait a stage reads only x from L2 and its weights from shared memory (fp32 sums on the CUDA cores,
+    a row of x). Weights are w_desc over [S N, N]; y as _chain_kernel's."""
+    pid = gl.program_id(0)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
+    w_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BK], gl.bfloat16)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BLOCK_N, BK], w_shared)
+    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar.index(0), count=1)
+    mbarrier.expect(bar.index(0), NT * BLOCK_N * BK * 2)
+    for t in gl.static_range(NT):
+        _tma_load(w_desc, [pid * BLOCK_N, t * BK], bar.index(0), w_smem.index(t))
+    n = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
+    c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    for s in range(S):
+        if s > 0:
+            target = s * gl.num_programs(0)
+            seen = gl.atomic_add(count_ptr, 0, sem="acquire")
+            while seen < target:
+                seen = gl.atomic_add(count_ptr, 0, sem="acquire")
+        mbarrier.wait(bar.index(0), s & 1)
+        acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
+        for t in gl.static_range(NT):
+            x = gl.load(y_ptr + s * N + t * BK + c, cache_modifier=".cg").to(gl.float32)
+            acc += gl.sum(w_smem.index(t).load(layout).to(gl.float32) * x[None, :], axis=1)
+        gl.store(y_ptr + (s + 1) * N + n, acc.to(gl.bfloat16))
+        if s + 1 < S:
+            _sync()  # every thread done with the slice and its stores made, before the copies and the release
+            fence_async_shared()
+            mbarrier.expect(bar.index(0), NT * BLOCK_N * BK * 2)
+            for t in gl.static_range(NT):
+                _tma_load(w_desc, [(s + 1) * N + pid * BLOCK_N, t * BK], bar.index(0), w_smem.index(t))
+            gl.atomic_add(count_ptr, 1, sem="release")
+    mbarrier.invalidate(bar.index(0))
+
+
+def prefetch_takes(n: int) -> bool:
+    """Whether the prefetch arm runs a chain of [n, n] weights: a Hopper GPU (Gluon has no interpreter), whole
+    [BLOCK_N, BLOCK_K] copies, and a program's slice within PREFETCH_SMEM."""
+    return (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()
+            and n % BLOCK_N == 0 and n % BLOCK_K == 0 and BLOCK_N * n * 2 <= PREFETCH_SMEM)
+
+
+def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
+    """chain()'s persistent arm with the next stage's weights prefetched into shared memory (`prefetch_takes`)."""
+    S, N, _ = w.shape
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
+    desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [BLOCK_N, BLOCK_K], layout)
+    count.zero_()
+    _prefetch_chain_kernel[(N // BLOCK_N,)](desc, y, count, S, N, NT=N // BLOCK_K, BLOCK_N=BLOCK_N, BK=BLOCK_K,
+                                            NUM_WARPS=WARPS, num_warps=WARPS)
+    return y
+
+
 def chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, persistent: bool) -> torch.Tensor:
     """Rows 1..S of y [S + 1, N] = the chain of w [S, N, N] from row 0: S launches of one stage each (`persistent`
     False) or one launch of every stage (the counter zeroed first), a program a BLOCK_N columns. A persistent
@@ -100,13 +168,13 @@ def main(argv=None) -> int:
     p.add_argument("--dims", default="1024,2048,2560,4096",
                    help=f"square weight sizes N (comma-separated; N / {BLOCK_N} programs a launch)")
     p.add_argument("--stages", type=int, default=32, help="stages S of the chain (distinct weights)")
-    p.add_argument("--arms", default="launches,persistent",
+    p.add_argument("--arms", default="launches,persistent,prefetch",
                    help="which arms this process runs (a process an arm, alternated, for an A/B)")
     p.add_argument("--out", type=Path, required=True, help=f"results directory (appends {NAME})")
     a = p.parse_args(argv)
     arms = [arm for arm in a.arms.split(",") if arm]
-    if not arms or set(arms) - {"launches", "persistent"}:
-        p.error(f"--arms: launches and/or persistent, got {a.arms!r}")
+    if not arms or set(arms) - {"launches", "persistent", "prefetch"}:
+        p.error(f"--arms: some of launches, persistent, prefetch; got {a.arms!r}")
     a.out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings(False)
     log_json(a.out, {"stage": "setup", "gpu": torch.cuda.get_device_name(), **ceil}, NAME)
@@ -120,20 +188,25 @@ def main(argv=None) -> int:
         count = torch.zeros(1, dtype=torch.int32, device="cuda")
         bytes_us = n * n * w.element_size() / (ceil["copy_GBps"] * 1e9) * 1e6
         outs = {}
-        for persistent in [arm == "persistent" for arm in arms]:
+        for arm in arms:
+            if arm == "prefetch" and not prefetch_takes(n):
+                log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "prefetch_takes is false"}, NAME)
+                continue
+            run = {"launches": lambda: chain(w, y, count, False), "persistent": lambda: chain(w, y, count, True),
+                   "prefetch": lambda: prefetch_chain(w, y, count)}[arm]
             y = torch.full((a.stages + 1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             y[0] = x
-            chain(w, y, count, persistent)
-            outs[persistent] = y.clone()
+            run()
+            outs[arm] = y.clone()
             err = ((y[-1].float() - ref).abs().max() / ref.abs().max()).item()
-            us = time_ms(lambda: chain(w, y, count, persistent)) * 1e3 / a.stages
+            us = time_ms(run) * 1e3 / a.stages
             log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // BLOCK_N),
-                             "arm": "persistent" if persistent else "launches", "us_a_stage": round(us, 3),
+                             "arm": arm, "us_a_stage": round(us, 3),
                              "bytes_us_a_stage": round(bytes_us, 3), "over_bytes_us": round(us - bytes_us, 3),
                              "max_rel_err_vs_fp32": round(err, 5), "copy_GBps": round(ceil["copy_GBps"], 1)}, NAME)
-        if len(outs) == 2:
-            log_json(a.out, {"stage": "handoff_check", "n": n, "arms_equal": bool(torch.equal(outs[False], outs[True]))},
-                     NAME)
+        if {"launches", "persistent"} <= set(outs):  # the same stage code: the same bits
+            log_json(a.out, {"stage": "handoff_check", "n": n,
+                             "arms_equal": bool(torch.equal(outs["launches"], outs["persistent"]))}, NAME)
         del w
     return 0
 

@@ -15,7 +15,8 @@
 #         32`), base = ab/base at a00500a (the tree of session 18's batch-1 record, h200_s18_call8_b1_31b.jsonl)
 #   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
 #         (`bench.engine --config M --batches 1 --new-tokens 32`); the SM clock and power sampled each second (clocks.csv)
-#   handoff  a stage hand-off: `bench.handoff` (both arms, then a process an arm alternated, three each: `--arms A`)
+#   handoff  a stage hand-off: `bench.handoff` (every arm in one process, then a process an arm, alternated, three
+#            each: `--arms A` for A in $HANDOFF_ARMS, default launches persistent prefetch)
 #
 # The calls:
 #   1  b16    budget 420, at 2144d2e (this script as 78d9de0 has it), ab/base = cccf4a9
@@ -23,6 +24,7 @@
 #   3  board  budget 570, at 78d9de0
 #   4  b1     budget 520, at 190aac4, ab/base = a00500a
 #   5  small  budget 500, at cca54b3
+#   6  handoff  budget 480, at f5c3c0f (the launches and persistent arms; the process of both named handoff_both)
 #
 #     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm (a00500a for b1)
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
@@ -48,13 +50,14 @@ case $PART in
            done
          done
          kill $sampler ;;
-  handoff) run_part handoff_both 150 python3 -m g4rt.bench.handoff --out "$OUT/handoff_both"
+  handoff) run_part handoff_all 150 python3 -m g4rt.bench.handoff --out "$OUT/handoff_all" \
+             --arms "$(echo ${HANDOFF_ARMS:-launches persistent prefetch} | tr ' ' ,)"
            for rep in 1 2 3; do
-             for a in launches persistent; do
+             for a in ${HANDOFF_ARMS:-launches persistent prefetch}; do
                run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a
              done
            done
-           cp "$OUT/handoff_both/handoff.jsonl" "$OUT/handoff_both.jsonl" ;;
+           cp "$OUT/handoff_all/handoff.jsonl" "$OUT/handoff_all.jsonl" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
