@@ -118,20 +118,23 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, BLO
     mbarrier.invalidate(bar.index(0))
 
 
-def prefetch_takes(n: int) -> bool:
-    """Whether the prefetch arm runs a chain of [n, n] weights: a Hopper GPU (Gluon has no interpreter), whole
-    [BLOCK_N, BLOCK_K] copies, and a program's slice within PREFETCH_SMEM."""
+def prefetch_takes(n: int, block_n: int) -> bool:
+    """Whether the prefetch arm runs a chain of [n, n] weights in slices of `block_n` rows: a Hopper GPU (Gluon
+    has no interpreter), whole [block_n, BLOCK_K] copies, a slice within PREFETCH_SMEM, and at most two programs
+    an SM (all of them must be resident at once)."""
     return (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()
-            and n % BLOCK_N == 0 and n % BLOCK_K == 0 and BLOCK_N * n * 2 <= PREFETCH_SMEM)
+            and n % block_n == 0 and n % BLOCK_K == 0 and block_n * n * 2 <= PREFETCH_SMEM
+            and n // block_n <= 2 * torch.cuda.get_device_properties(0).multi_processor_count)
 
 
-def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
-    """chain()'s persistent arm with the next stage's weights prefetched into shared memory (`prefetch_takes`)."""
+def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_n: int) -> torch.Tensor:
+    """chain()'s persistent arm with the next stage's weights prefetched into shared memory, a program a slice of
+    `block_n` rows (`prefetch_takes`)."""
     S, N, _ = w.shape
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
-    desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [BLOCK_N, BLOCK_K], layout)
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
+    desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
     count.zero_()
-    _prefetch_chain_kernel[(N // BLOCK_N,)](desc, y, count, S, N, NT=N // BLOCK_K, BLOCK_N=BLOCK_N, BK=BLOCK_K,
+    _prefetch_chain_kernel[(N // block_n,)](desc, y, count, S, N, NT=N // BLOCK_K, BLOCK_N=block_n, BK=BLOCK_K,
                                             NUM_WARPS=WARPS, num_warps=WARPS)
     return y
 
@@ -168,6 +171,8 @@ def main(argv=None) -> int:
     p.add_argument("--dims", default="1024,2048,2560,4096",
                    help=f"square weight sizes N (comma-separated; N / {BLOCK_N} programs a launch)")
     p.add_argument("--stages", type=int, default=32, help="stages S of the chain (distinct weights)")
+    p.add_argument("--prefetch-block-n", type=int, default=BLOCK_N,
+                   help="rows of the weight a prefetch program holds (fewer: more programs, more SMs streaming)")
     p.add_argument("--arms", default="launches,persistent,prefetch",
                    help="which arms this process runs (a process an arm, alternated, for an A/B)")
     p.add_argument("--out", type=Path, required=True, help=f"results directory (appends {NAME})")
@@ -189,18 +194,19 @@ def main(argv=None) -> int:
         bytes_us = n * n * w.element_size() / (ceil["copy_GBps"] * 1e9) * 1e6
         outs = {}
         for arm in arms:
-            if arm == "prefetch" and not prefetch_takes(n):
+            if arm == "prefetch" and not prefetch_takes(n, a.prefetch_block_n):
                 log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "prefetch_takes is false"}, NAME)
                 continue
             run = {"launches": lambda: chain(w, y, count, False), "persistent": lambda: chain(w, y, count, True),
-                   "prefetch": lambda: prefetch_chain(w, y, count)}[arm]
+                   "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n)}[arm]
             y = torch.full((a.stages + 1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             y[0] = x
             run()
             outs[arm] = y.clone()
             err = ((y[-1].float() - ref).abs().max() / ref.abs().max()).item()
             us = time_ms(run) * 1e3 / a.stages
-            log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // BLOCK_N),
+            block_n = a.prefetch_block_n if arm == "prefetch" else BLOCK_N
+            log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // block_n),
                              "arm": arm, "us_a_stage": round(us, 3),
                              "bytes_us_a_stage": round(bytes_us, 3), "over_bytes_us": round(us - bytes_us, 3),
                              "max_rel_err_vs_fp32": round(err, 5), "copy_GBps": round(ceil["copy_GBps"], 1)}, NAME)

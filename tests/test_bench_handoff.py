@@ -91,4 +91,4 @@ def test_the_prefetch_arm_compiles_for_sm_90_with_its_slice_in_shared_memory():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert 2560 * BLOCK_N * 2 <= got["shared"] <= PREFETCH_SMEM
     assert got["copies"] >= 10 and got["acquire"] >= 1 and got["release"] == 1
-    assert not prefetch_takes(2560)  # no Hopper GPU here (and under the interpreter never)
+    assert not prefetch_takes(2560, BLOCK_N)  # no Hopper GPU here (and under the interpreter never)

@@ -16,7 +16,7 @@
 #   small the E4B and E2B at batch 1, eager, inductor and HF, $REPS (default 3) processes each, models alternated
 #         (`bench.engine --config M --batches 1 --new-tokens 32`); the SM clock and power sampled each second (clocks.csv)
 #   handoff  a stage hand-off: `bench.handoff` (every arm in one process, then a process an arm, alternated, three
-#            each: `--arms A` for A in $HANDOFF_ARMS, default launches persistent prefetch)
+#            each: `--arms A` for A in $HANDOFF_ARMS, default launches persistent prefetch; $HANDOFF_FLAGS added to each)
 #
 # The calls:
 #   1  b16    budget 420, at 2144d2e (this script as 78d9de0 has it), ab/base = cccf4a9
@@ -25,6 +25,7 @@
 #   4  b1     budget 520, at 190aac4, ab/base = a00500a
 #   5  small  budget 500, at cca54b3
 #   6  handoff  budget 480, at f5c3c0f (the launches and persistent arms; the process of both named handoff_both)
+#   7  handoff  budget 400, at 5eb2316 (the three arms, prefetch in slices of 32 rows)
 #
 #     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm (a00500a for b1)
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
@@ -51,10 +52,10 @@ case $PART in
          done
          kill $sampler ;;
   handoff) run_part handoff_all 150 python3 -m g4rt.bench.handoff --out "$OUT/handoff_all" \
-             --arms "$(echo ${HANDOFF_ARMS:-launches persistent prefetch} | tr ' ' ,)"
+             --arms "$(echo ${HANDOFF_ARMS:-launches persistent prefetch} | tr ' ' ,)" ${HANDOFF_FLAGS:-}
            for rep in 1 2 3; do
              for a in ${HANDOFF_ARMS:-launches persistent prefetch}; do
-               run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a
+               run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a ${HANDOFF_FLAGS:-}
              done
            done
            cp "$OUT/handoff_all/handoff.jsonl" "$OUT/handoff_all.jsonl" ;;
