@@ -26,6 +26,8 @@
 #   5  small  budget 500, at cca54b3
 #   6  handoff  budget 480, at f5c3c0f (the launches and persistent arms; the process of both named handoff_both)
 #   7  handoff  budget 400, at 5eb2316 (the three arms, prefetch in slices of 32 rows)
+#   8  handoff  budget 240, at 6c8c1e4, HANDOFF_ARMS="launches prefetch" HANDOFF_FLAGS="--prefetch-block-n 16 --dims
+#               1024,2048,2560"
 #
 #     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm (a00500a for b1)
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
