@@ -81,12 +81,13 @@ def _chain_kernel(w_ptr, y_ptr, count_ptr, first, stages, N, BLOCK_M: tl.constex
 
 
 @gluon.jit
-def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, BLOCK_N: gl.constexpr,
-                           BK: gl.constexpr, NUM_WARPS: gl.constexpr):
+def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP: gl.constexpr,
+                           BLOCK_N: gl.constexpr, BK: gl.constexpr, NUM_WARPS: gl.constexpr):
     """The persistent chain with each program's whole slice of the next stage's weight [BLOCK_N, N] copied into
     shared memory (NT tensor-memory copies of [BLOCK_N, BK]) while the program meets the others at the counter:
-    after the wait a stage reads only x from L2 and its weights from shared memory (fp32 sums on the CUDA cores,
-    a row of x). Weights are w_desc over [S N, N]; y as _chain_kernel's."""
+    after the wait a stage reads x from L2 in one round trip (as [XP, BK], XP the next power of two of NT, into
+    shared memory) and its weights from shared memory (fp32 sums on the CUDA cores, a row of x). Weights are
+    w_desc over [S N, N]; y as _chain_kernel's."""
     pid = gl.program_id(0)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
     w_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BK], gl.bfloat16)
@@ -96,8 +97,10 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, BLO
     mbarrier.expect(bar.index(0), NT * BLOCK_N * BK * 2)
     for t in gl.static_range(NT):
         _tma_load(w_desc, [pid * BLOCK_N, t * BK], bar.index(0), w_smem.index(t))
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     n = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
     for s in range(S):
         if s > 0:
             target = s * gl.num_programs(0)
@@ -105,13 +108,16 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, BLO
             while seen < target:
                 seen = gl.atomic_add(count_ptr, 0, sem="acquire")
         mbarrier.wait(bar.index(0), s & 1)
+        x_smem.store(gl.load(y_ptr + s * N + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
+                             cache_modifier=".cg"))
+        _sync()  # x whole in shared memory before any thread reads another's columns
         acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
         for t in gl.static_range(NT):
-            x = gl.load(y_ptr + s * N + t * BK + c, cache_modifier=".cg").to(gl.float32)
-            acc += gl.sum(w_smem.index(t).load(layout).to(gl.float32) * x[None, :], axis=1)
+            x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
+            acc += gl.sum(w_smem.index(t).load(layout).to(gl.float32) * x, axis=1)
         gl.store(y_ptr + (s + 1) * N + n, acc.to(gl.bfloat16))
         if s + 1 < S:
-            _sync()  # every thread done with the slice and its stores made, before the copies and the release
+            _sync()  # every thread done with the slice and x and its stores made, before the copies and the release
             fence_async_shared()
             mbarrier.expect(bar.index(0), NT * BLOCK_N * BK * 2)
             for t in gl.static_range(NT):
@@ -136,7 +142,8 @@ def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_
     layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
     desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
     count.zero_()
-    _prefetch_chain_kernel[(N // block_n,)](desc, y, count, S, N, NT=N // BLOCK_K, BLOCK_N=block_n, BK=BLOCK_K,
+    _prefetch_chain_kernel[(N // block_n,)](desc, y, count, S, N, NT=N // BLOCK_K,
+                                            XP=triton.next_power_of_2(N // BLOCK_K), BLOCK_N=block_n, BK=BLOCK_K,
                                             NUM_WARPS=WARPS, num_warps=WARPS)
     return y
 

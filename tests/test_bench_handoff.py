@@ -63,7 +63,7 @@ n = 2560
 layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
 sig = {a: "i32" for a in fn.arg_names}
 sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", y_ptr="*bf16", count_ptr="*i32")
-const = dict(NT=n // BLOCK_K, BLOCK_N=BLOCK_N, BK=BLOCK_K, NUM_WARPS=WARPS)
+const = dict(NT=n // BLOCK_K, XP=triton.next_power_of_2(n // BLOCK_K), BLOCK_N=BLOCK_N, BK=BLOCK_K, NUM_WARPS=WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": WARPS})
