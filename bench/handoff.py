@@ -42,7 +42,7 @@ from .common import ceilings, log_json, time_ms
 
 NAME = "handoff.jsonl"
 BLOCK_N, BLOCK_K, WARPS, STAGES = NARROW_CONFIGS[0]  # the op's tile for the small models' narrow weights
-PREFETCH_SMEM = 200 << 10  # the prefetch arm holds a program's whole slice of a stage's weight in shared memory
+PREFETCH_SMEM = 200 << 10  # the most shared memory a prefetch program's weight slices and x may take
 
 
 @triton.jit
@@ -81,70 +81,93 @@ def _chain_kernel(w_ptr, y_ptr, count_ptr, first, stages, N, BLOCK_M: tl.constex
 
 
 @gluon.jit
+def _copy_slice(w_desc, stage, N, pid, bar, w_smem, slot, NT: gl.constexpr, BLOCK_N: gl.constexpr,
+                BK: gl.constexpr):
+    """Ask the copy engine for program `pid`'s slice of `stage`'s weight into ring slot `slot` (NT boxes)."""
+    mbarrier.expect(bar, NT * BLOCK_N * BK * 2)
+    for t in gl.static_range(NT):
+        _tma_load(w_desc, [stage * N + pid * BLOCK_N, t * BK], bar, w_smem.index(slot * NT + t))
+
+
+@gluon.jit
 def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP: gl.constexpr,
-                           BLOCK_N: gl.constexpr, BK: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """The persistent chain with each program's whole slice of the next stage's weight [BLOCK_N, N] copied into
-    shared memory (NT tensor-memory copies of [BLOCK_N, BK]) while the program meets the others at the counter:
-    after the wait a stage reads x from L2 in one round trip (as [XP, BK], XP the next power of two of NT, into
-    shared memory) and its weights from shared memory (fp32 sums on the CUDA cores, a row of x). Weights are
-    w_desc over [S N, N]; y as _chain_kernel's."""
+                           SLOTS: gl.constexpr, BLOCK_N: gl.constexpr, BK: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """The persistent chain with each program's whole slice of a stage's weight [BLOCK_N, N] copied into shared
+    memory ahead (NT tensor-memory copies of [BLOCK_N, BK] into a ring of SLOTS slices): with one slot the next
+    stage's copy runs while the program meets the others at the counter, with two the one after it is in flight
+    through a whole stage. After the wait a stage reads x from L2 in one round trip (as [XP, BK], XP the next
+    power of two of NT, into shared memory) and its weights from shared memory (fp32 sums on the CUDA cores, a
+    row of x). Weights are w_desc over [S N, N]; y as _chain_kernel's."""
     pid = gl.program_id(0)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
     w_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BK], gl.bfloat16)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BLOCK_N, BK], w_shared)
-    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(bar.index(0), count=1)
-    mbarrier.expect(bar.index(0), NT * BLOCK_N * BK * 2)
-    for t in gl.static_range(NT):
-        _tma_load(w_desc, [pid * BLOCK_N, t * BK], bar.index(0), w_smem.index(t))
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [SLOTS * NT, BLOCK_N, BK], w_shared)
+    bars = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
+    for j in gl.static_range(SLOTS):
+        mbarrier.init(bars.index(j), count=1)
+    for j in gl.static_range(SLOTS):
+        if j < S:
+            _copy_slice(w_desc, j, N, pid, bars.index(j), w_smem, j, NT, BLOCK_N, BK)
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     n = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
     c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
     xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
     for s in range(S):
+        slot = s % SLOTS
         if s > 0:
             target = s * gl.num_programs(0)
             seen = gl.atomic_add(count_ptr, 0, sem="acquire")
             while seen < target:
                 seen = gl.atomic_add(count_ptr, 0, sem="acquire")
-        mbarrier.wait(bar.index(0), s & 1)
+        mbarrier.wait(bars.index(slot), (s // SLOTS) & 1)
         x_smem.store(gl.load(y_ptr + s * N + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
                              cache_modifier=".cg"))
         _sync()  # x whole in shared memory before any thread reads another's columns
         acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
         for t in gl.static_range(NT):
             x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
-            acc += gl.sum(w_smem.index(t).load(layout).to(gl.float32) * x, axis=1)
+            acc += gl.sum(w_smem.index(slot * NT + t).load(layout).to(gl.float32) * x, axis=1)
         gl.store(y_ptr + (s + 1) * N + n, acc.to(gl.bfloat16))
         if s + 1 < S:
-            _sync()  # every thread done with the slice and x and its stores made, before the copies and the release
+            _sync()  # every thread done with the slot and x and its stores made, before the copies and the release
             fence_async_shared()
-            mbarrier.expect(bar.index(0), NT * BLOCK_N * BK * 2)
-            for t in gl.static_range(NT):
-                _tma_load(w_desc, [(s + 1) * N + pid * BLOCK_N, t * BK], bar.index(0), w_smem.index(t))
+            if s + SLOTS < S:
+                _copy_slice(w_desc, s + SLOTS, N, pid, bars.index(slot), w_smem, slot, NT, BLOCK_N, BK)
             gl.atomic_add(count_ptr, 1, sem="release")
-    mbarrier.invalidate(bar.index(0))
+    for j in gl.static_range(SLOTS):
+        mbarrier.invalidate(bars.index(j))
 
 
-def prefetch_takes(n: int, block_n: int) -> bool:
-    """Whether the prefetch arm runs a chain of [n, n] weights in slices of `block_n` rows: a Hopper GPU (Gluon
-    has no interpreter), whole [block_n, BLOCK_K] copies, a slice within PREFETCH_SMEM, and at most two programs
-    an SM (all of them must be resident at once)."""
-    return (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()
-            and n % block_n == 0 and n % BLOCK_K == 0 and block_n * n * 2 <= PREFETCH_SMEM
-            and n // block_n <= 2 * torch.cuda.get_device_properties(0).multi_processor_count)
+SMEM_PER_SM = 227 << 10  # an H200 SM's shared memory for blocks (the opt-in maximum of one block)
 
 
-def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_n: int) -> torch.Tensor:
-    """chain()'s persistent arm with the next stage's weights prefetched into shared memory, a program a slice of
-    `block_n` rows (`prefetch_takes`)."""
+def prefetch_smem(n: int, block_n: int, slots: int) -> int:
+    """Shared memory of a prefetch program: its ring of weight slices, x, and 1 KB for its barriers and alignment."""
+    return slots * block_n * n * 2 + triton.next_power_of_2(n // BLOCK_K) * BLOCK_K * 2 + 1024
+
+
+def prefetch_takes(n: int, block_n: int, slots: int) -> bool:
+    """Whether the prefetch arm runs a chain of [n, n] weights in slices of `block_n` rows, `slots` slices a
+    program: a Hopper GPU (Gluon has no interpreter), whole [block_n, BLOCK_K] copies, a program within
+    PREFETCH_SMEM, and every program resident at once (they wait for each other)."""
+    if not (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()):
+        return False
+    smem = prefetch_smem(n, block_n, slots)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    return (n % block_n == 0 and n % BLOCK_K == 0 and smem <= PREFETCH_SMEM
+            and n // block_n <= sms * (SMEM_PER_SM // smem))
+
+
+def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_n: int, slots: int) -> torch.Tensor:
+    """chain()'s persistent arm with the stages' weights copied into shared memory ahead, a program a slice of
+    `block_n` rows, `slots` slices in flight (`prefetch_takes`)."""
     S, N, _ = w.shape
     layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
     desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
     count.zero_()
     _prefetch_chain_kernel[(N // block_n,)](desc, y, count, S, N, NT=N // BLOCK_K,
-                                            XP=triton.next_power_of_2(N // BLOCK_K), BLOCK_N=block_n, BK=BLOCK_K,
-                                            NUM_WARPS=WARPS, num_warps=WARPS)
+                                            XP=triton.next_power_of_2(N // BLOCK_K), SLOTS=slots, BLOCK_N=block_n,
+                                            BK=BLOCK_K, NUM_WARPS=WARPS, num_warps=WARPS)
     return y
 
 
@@ -182,6 +205,9 @@ def main(argv=None) -> int:
     p.add_argument("--stages", type=int, default=32, help="stages S of the chain (distinct weights)")
     p.add_argument("--prefetch-block-n", type=int, default=BLOCK_N,
                    help="rows of the weight a prefetch program holds (fewer: more programs, more SMs streaming)")
+    p.add_argument("--prefetch-slots", type=int, default=1, choices=(1, 2),
+                   help="weight slices a prefetch program holds: 1, the next stage's copy overlaps the counter's wait; "
+                        "2, the one after it is in flight through a whole stage")
     p.add_argument("--arms", default="launches,persistent,prefetch",
                    help="which arms this process runs (a process an arm, alternated, for an A/B)")
     p.add_argument("--out", type=Path, required=True, help=f"results directory (appends {NAME})")
@@ -203,11 +229,11 @@ def main(argv=None) -> int:
         bytes_us = n * n * w.element_size() / (ceil["copy_GBps"] * 1e9) * 1e6
         outs = {}
         for arm in arms:
-            if arm == "prefetch" and not prefetch_takes(n, a.prefetch_block_n):
+            if arm == "prefetch" and not prefetch_takes(n, a.prefetch_block_n, a.prefetch_slots):
                 log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "prefetch_takes is false"}, NAME)
                 continue
             run = {"launches": lambda: chain(w, y, count, False), "persistent": lambda: chain(w, y, count, True),
-                   "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n)}[arm]
+                   "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n, a.prefetch_slots)}[arm]
             y = torch.full((a.stages + 1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             y[0] = x
             run()
@@ -215,7 +241,8 @@ def main(argv=None) -> int:
             err = ((y[-1].float() - ref).abs().max() / ref.abs().max()).item()
             us = time_ms(run) * 1e3 / a.stages
             block_n = a.prefetch_block_n if arm == "prefetch" else BLOCK_N
-            log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // block_n),
+            extra = {"block_n": block_n, **({"slots": a.prefetch_slots} if arm == "prefetch" else {})}
+            log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // block_n), **extra,
                              "arm": arm, "us_a_stage": round(us, 3),
                              "bytes_us_a_stage": round(bytes_us, 3), "over_bytes_us": round(us - bytes_us, 3),
                              "max_rel_err_vs_fp32": round(err, 5), "copy_GBps": round(ceil["copy_GBps"], 1)}, NAME)

@@ -63,7 +63,8 @@ n = 2560
 layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
 sig = {a: "i32" for a in fn.arg_names}
 sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", y_ptr="*bf16", count_ptr="*i32")
-const = dict(NT=n // BLOCK_K, XP=triton.next_power_of_2(n // BLOCK_K), BLOCK_N=BLOCK_N, BK=BLOCK_K, NUM_WARPS=WARPS)
+const = dict(NT=n // BLOCK_K, XP=triton.next_power_of_2(n // BLOCK_K), SLOTS=1, BLOCK_N=BLOCK_N, BK=BLOCK_K,
+             NUM_WARPS=WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": WARPS})
@@ -91,4 +92,4 @@ def test_the_prefetch_arm_compiles_for_sm_90_with_its_slice_in_shared_memory():
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert 2560 * BLOCK_N * 2 <= got["shared"] <= PREFETCH_SMEM
     assert got["copies"] >= 10 and got["acquire"] >= 1 and got["release"] == 1
-    assert not prefetch_takes(2560, BLOCK_N)  # no Hopper GPU here (and under the interpreter never)
+    assert not prefetch_takes(2560, BLOCK_N, 1)  # no Hopper GPU here (and under the interpreter never)
