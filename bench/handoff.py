@@ -11,9 +11,10 @@ boundaries by such counters; this measures whether a counter hands a stage over 
 does, on the same stage code. Both arms read a stage's first weight tile before they wait for the stage before.
 A third arm (`prefetch`, Gluon, Hopper only) copies a program's whole slice of the next stage's weight into shared
 memory while it waits at the counter, as a persistent layer kernel would: what is left of a stage after its wait is
-x's read from L2, the sums and the store. On the H200 (export/results, session 25) a counter handed a stage over no
-faster than a launch boundary, and with its weights already in shared memory a stage still cost 2.8 us beyond its
-bytes; the prefetch arm's copies did not overlap its chain from N = 2,048 on.
+x's read from L2 (one round trip, into shared memory), the sums and the store. On the H200 (export/results, session
+25) a counter handed a stage over no faster than a launch boundary; the prefetch arm's stage cost 2.3 us beyond its
+bytes at N = 1,024 against 3.0 for a launch a stage, and tied the launches at 2,560, where one slice's copy no longer
+hides behind the counter's wait (`--prefetch-slots 2` keeps the next two in flight).
 
 Per dimension and arm, one JSON line in DIR/handoff.jsonl: microseconds a stage (median of `time_ms`'s CUDA-graph
 replays, cold L2, distinct weights a stage, more bytes than L2), the time its weight bytes take at the copy

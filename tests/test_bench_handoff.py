@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from g4rt.bench.handoff import BLOCK_N, chain
+from g4rt.bench.handoff import BLOCK_K, BLOCK_N, chain
 
 
 def _inputs(n: int, stages: int, seed: int):
@@ -54,16 +54,16 @@ def test_the_interpreter_refuses_a_persistent_chain_of_several_programs():
 
 
 PREFETCH_COMPILE = """
-import json, re, triton
+import json, re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
-from g4rt.bench.handoff import _prefetch_chain_kernel as fn, BLOCK_N, BLOCK_K, WARPS
-n = 2560
-layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
+from g4rt.bench.handoff import _prefetch_chain_kernel as fn, BLOCK_K, WARPS
+n, block_n, slots = (int(v) for v in sys.argv[1:])
+layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
 sig = {a: "i32" for a in fn.arg_names}
-sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", y_ptr="*bf16", count_ptr="*i32")
-const = dict(NT=n // BLOCK_K, XP=triton.next_power_of_2(n // BLOCK_K), SLOTS=1, BLOCK_N=BLOCK_N, BK=BLOCK_K,
+sig.update(w_desc=f"tensordesc<bf16[{block_n}, {BLOCK_K}],{layout!r}>", y_ptr="*bf16", count_ptr="*i32")
+const = dict(NT=n // BLOCK_K, XP=triton.next_power_of_2(n // BLOCK_K), SLOTS=slots, BLOCK_N=block_n, BK=BLOCK_K,
              NUM_WARPS=WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
@@ -75,21 +75,24 @@ print(json.dumps({"shared": c.metadata.shared, **{k: len(re.findall(p, ptx)) for
 """
 
 
-def test_the_prefetch_arm_compiles_for_sm_90_with_its_slice_in_shared_memory():
-    """The Gluon arm has no interpreter, so CI compiles it (a subprocess without TRITON_INTERPRET): the E4B-sized
-    chain's slice [32, 2,560] comes by tensor-memory copies into 160 KB of shared memory, the counter's wait is an
-    acquire load and its arrival a release add. It runs on a Hopper GPU only (`prefetch_takes`)."""
+@pytest.mark.parametrize("n, block_n, slots", [(2560, BLOCK_N, 1), (2048, 16, 2)])
+def test_the_prefetch_arm_compiles_for_sm_90_with_its_slices_in_shared_memory(n, block_n, slots):
+    """The Gluon arm has no interpreter, so CI compiles it (a subprocess without TRITON_INTERPRET): a program's
+    slices of [block_n, n] come by tensor-memory copies into shared memory within what `prefetch_smem` counts and
+    PREFETCH_SMEM allows, the counter's wait is an acquire load and its arrival a release add. It runs on a Hopper
+    GPU only (`prefetch_takes`)."""
     import json
     import os
     import subprocess
     import sys
 
-    from g4rt.bench.handoff import PREFETCH_SMEM, prefetch_takes
+    from g4rt.bench.handoff import PREFETCH_SMEM, prefetch_smem, prefetch_takes
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", PREFETCH_COMPILE], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run([sys.executable, "-c", PREFETCH_COMPILE, str(n), str(block_n), str(slots)], capture_output=True,
+                       text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
-    assert 2560 * BLOCK_N * 2 <= got["shared"] <= PREFETCH_SMEM
-    assert got["copies"] >= 10 and got["acquire"] >= 1 and got["release"] == 1
-    assert not prefetch_takes(2560, BLOCK_N, 1)  # no Hopper GPU here (and under the interpreter never)
+    assert slots * n * block_n * 2 <= got["shared"] <= prefetch_smem(n, block_n, slots) <= PREFETCH_SMEM
+    assert got["copies"] >= n // BLOCK_K and got["acquire"] >= 1 and got["release"] == 1
+    assert not prefetch_takes(n, block_n, slots)  # no Hopper GPU here (and under the interpreter never)

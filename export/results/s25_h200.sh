@@ -29,8 +29,8 @@
 #   8  handoff  budget 240, at 6c8c1e4, HANDOFF_ARMS="launches prefetch" HANDOFF_FLAGS="--prefetch-block-n 16 --dims
 #               1024,2048,2560"
 #   9  handoff  budget 240, at fb25ca1, the same arms and flags as call 8 (the prefetch arm reads x in one round trip)
-#   10 handoff  budget 200, at d80ba5f, HANDOFF_ARMS="launches prefetch" HANDOFF_FLAGS="--prefetch-block-n 16
-#               --prefetch-slots 2 --dims 1024,2048"
+#   10 (not run: too little device time was left to start a machine) handoff at d80ba5f, HANDOFF_ARMS="launches
+#               prefetch" HANDOFF_FLAGS="--prefetch-block-n 16 --prefetch-slots 2 --dims 1024,2048"
 #
 #     git archive --prefix=ab/base/g4rt/ cccf4a9 | tar -x   # the base arm (a00500a for b1)
 #     bash export/results/s25_h200.sh PART [budget_s]      # default 570 s; results under $OUT
