@@ -262,35 +262,26 @@ WIDE_DECODE = 6  # programs an SM from which an unsplit head-dim-256 decode take
 
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1,
                    programs_per_sm: float = 0.0) -> dict:
-    """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16.
+    """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16. Each choice is the
+    fastest of the H200 sweeps (`bench.kernels --prefill-only` / `--decode-batch`, `bench.compile_report`;
+    numbers in plugins/results):
 
-    From the H200 sweeps (bench/kernels.py --prefill-only, torch 2.11 / triton 3.6; plugins/results),
-    2-byte inputs, 8k chunk: D=256 128x64/8 warps/2 stages with the unmasked interior tiles 355 TFLOP/s
-    (51 % of the bf16 matmul rate; 0.73 ms, where the same tile masked everywhere took 0.84 ms,
-    plugins/results/results.md). D=512 on a Hopper GPU: the Gluon kernel (`wgmma`, gluon_attention.py: 64
-    rows over two warpgroups side by side, nothing computed twice) 337-343 TFLOP/s (6.40-6.54 ms;
-    plugins/results, session 18). Elsewhere (CPU, older GPUs, an arena the copy engine cannot take) this
-    module's kernel: 128x32/8 warps/2 stages with the output columns cut in two (dv_split 2), the unmasked
-    interior and its tiles by tensor-memory copies (`tma`) 210 TFLOP/s (30 %; 10.49 ms, 11.22 with element
-    loads; session 17), the best Triton tile tried: the 32-key tiles leave room for a second stage beside the
-    128 KB Q tile, where 64-key tiles fit one (11.67 ms, masked; with one stage the interior makes the kernel
-    slower, 64x32: 25.5 ms with it, 14.8 ms without).
-    Decode reaches 94-98% of copy bandwidth with block_n 64 (D=256) and 32 (D=512) on long runs of keys. An
-    unsplit decode at head dim 256 (`splits` 1: a batch with a program per SM or more, e.g. the 31B's
-    sliding layers from batch 9) takes smaller tiles instead: each program reads a few tiles at a serving
-    step's context, so its start and end weigh, and small CTAs let several share an SM and cover each
-    other's. 32-key tiles over 2 warps (41 KB of shared memory, 234 registers); from WIDE_DECODE programs an
-    SM (`programs_per_sm`: the 31B from batch 64, 7.8 an SM) 16-key tiles over one warp (24 KB, 255 registers
-    and 180 B spilled; bench.compile_report --decode --programs-per-sm, triton 3.6). At context
-    200 on the H200 (bench.kernels --decode-batch, plugins/results) the 31B's sliding layer took
-    66.3-66.5 / 121.0-121.1 / 226.9-227.3 us at batch 64 / 128 / 256 on the one-warp tile (87 % of the copy
-    bandwidth at 256; session 19), 72.6 / 130.7 / 246.1 on the two-warp one and 84.3 / 153.0 / 281.1 on
-    the split decode's (session 15); at batch 16 (1.9 programs an SM) the one-warp tile made the 31B's step
-    2.3 % slower (export/results, session 19), and batch 32 (3.9) was not measured with it. Head dim 512
-    gained nothing from smaller tiles (its tile stays).
-    fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and
-    D=512 keeps whole columns: fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB.
-    Untimed; chosen to fit."""
+    * Prefill, 2-byte inputs: D=256 takes 128x64 over 8 warps, 2 stages, with unmasked interior tiles (about half
+      the bf16 matmul rate at 8k). D=512 takes the Gluon kernel on a Hopper GPU (`wgmma`, gluon_attention.py:
+      both matmuls over two warpgroups side by side, nothing computed twice); elsewhere (CPU, older GPUs, an
+      arena the copy engine cannot take) this module's best tile, 128x32 over 8 warps with the output columns cut
+      in two (`dv_split`) and interior tiles by tensor-memory copies (`tma`): 32-key tiles leave room for a second
+      stage beside the 128 KB Q tile, where 64-key tiles fit one.
+    * Decode: 64-key tiles at D=256 and 32 at D=512 read long runs of keys at 94-98 % of the copy bandwidth. An
+      unsplit decode at D=256 (`splits` 1: a program per SM or more, e.g. the 31B's sliding layers from batch 9)
+      reads a few tiles a program at a serving step's context, so its start and end weigh and small CTAs that
+      share an SM cover each other: 32-key tiles over 2 warps, and from WIDE_DECODE programs an SM
+      (`programs_per_sm`) 16-key tiles over one warp (the 31B's sliding layer at batch 64-256 took 7-9 % less
+      time than on the two-warp tile and about 20 % less than on the split decode's; at batch 16 the one-warp
+      tile made the step slower). D=512 gained nothing from smaller tiles.
+    * fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and D=512
+      keeps whole columns (fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB); untimed, chosen
+      to fit."""
     if decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE:
         cfg = {"rows": 16, "block_n": 16, "num_warps": 1, "num_stages": 2}
     elif decode and head_dim <= 256 and splits == 1:
