@@ -147,16 +147,19 @@ def prefetch_smem(n: int, block_n: int, slots: int) -> int:
     return slots * block_n * n * 2 + triton.next_power_of_2(n // BLOCK_K) * BLOCK_K * 2 + 1024
 
 
-def prefetch_takes(n: int, block_n: int, slots: int) -> bool:
-    """Whether the prefetch arm runs a chain of [n, n] weights in slices of `block_n` rows, `slots` slices a
-    program: a Hopper GPU (Gluon has no interpreter), whole [block_n, BLOCK_K] copies, a program within
-    PREFETCH_SMEM, and every program resident at once (they wait for each other)."""
-    if not (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()):
-        return False
+def prefetch_fits(n: int, block_n: int, slots: int, sms: int) -> bool:
+    """Whether a prefetch chain of [n, n] weights in slices of `block_n` rows, `slots` slices a program, runs on
+    `sms` SMs: whole [block_n, BLOCK_K] copies, a program within PREFETCH_SMEM, and every program resident at once
+    (they wait for each other at the counter)."""
     smem = prefetch_smem(n, block_n, slots)
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
     return (n % block_n == 0 and n % BLOCK_K == 0 and smem <= PREFETCH_SMEM
             and n // block_n <= sms * (SMEM_PER_SM // smem))
+
+
+def prefetch_takes(n: int, block_n: int, slots: int) -> bool:
+    """Whether the prefetch arm runs here: a Hopper GPU (Gluon has no interpreter) that `prefetch_fits`."""
+    return (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()
+            and prefetch_fits(n, block_n, slots, torch.cuda.get_device_properties(0).multi_processor_count))
 
 
 def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_n: int, slots: int) -> torch.Tensor:

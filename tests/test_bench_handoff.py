@@ -86,7 +86,7 @@ def test_the_prefetch_arm_compiles_for_sm_90_with_its_slices_in_shared_memory(n,
     import subprocess
     import sys
 
-    from g4rt.bench.handoff import PREFETCH_SMEM, prefetch_smem, prefetch_takes
+    from g4rt.bench.handoff import PREFETCH_SMEM, prefetch_smem
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     r = subprocess.run([sys.executable, "-c", PREFETCH_COMPILE, str(n), str(block_n), str(slots)], capture_output=True,
@@ -95,4 +95,16 @@ def test_the_prefetch_arm_compiles_for_sm_90_with_its_slices_in_shared_memory(n,
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert slots * n * block_n * 2 <= got["shared"] <= prefetch_smem(n, block_n, slots) <= PREFETCH_SMEM
     assert got["copies"] >= n // BLOCK_K and got["acquire"] >= 1 and got["release"] == 1
-    assert not prefetch_takes(n, block_n, slots)  # no Hopper GPU here (and under the interpreter never)
+
+
+def test_the_prefetch_arm_runs_only_where_every_program_is_resident_at_once():
+    """Its programs wait for each other, so a chain that cannot hold them all on the SMs at once (or a slice past
+    PREFETCH_SMEM, or partial copies) is refused, not launched into a deadlock; off a Hopper GPU it never runs."""
+    from g4rt.bench.handoff import prefetch_fits, prefetch_takes
+
+    assert prefetch_fits(2560, 32, 1, 132) and prefetch_fits(2560, 16, 1, 132)  # 80 / 160 programs, 2 an SM
+    assert prefetch_fits(2048, 16, 2, 132) and not prefetch_fits(2048, 16, 2, 127)  # 128 programs, one an SM
+    assert not prefetch_fits(2560, 16, 2, 132)  # 160 programs of 161 KB: one an SM
+    assert not prefetch_fits(2560, 32, 2, 132)  # 321 KB a program
+    assert not prefetch_fits(1000, 16, 1, 132) and not prefetch_fits(1024, 24, 1, 132)  # partial copies
+    assert not prefetch_takes(1024, 16, 1)  # no Hopper GPU here (and under the interpreter never)

@@ -1,4 +1,4 @@
-# Sourced by the device-call scripts here (pw_h200.sh, s6, s8, s9, s10) after they set BUDGET (seconds for
+# Sourced by the device-call scripts here (pw_h200.sh and the sNN_h200.sh scripts) after they set BUDGET (seconds for
 # the whole call) and TAG (their log prefix): checks OUT, links this checkout as the package `g4rt`,
 # starts the call's clock (T0), writes the GPU's clock limits and power cap to $OUT/gpu.csv and defines
 # run_part NAME CAP_S COMMAND...: run COMMAND with at most CAP_S seconds, and no more than the call's
