@@ -91,6 +91,26 @@ def _copy_slice(w_desc, stage, N, pid, bar, w_smem, slot, NT: gl.constexpr, BLOC
 
 
 @gluon.jit
+def _stage_from_smem(y_ptr, s, N, pid, bar, phase, w_smem, slot, x_smem, NT: gl.constexpr, XP: gl.constexpr,
+                     BLOCK_N: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
+    """Stage s's column block `pid` from the weight slice in ring slot `slot` (once `bar` completes `phase`): x read
+    from L2 in one round trip (as [XP, BK], XP the next power of two of NT, into shared memory), fp32 sums on the
+    CUDA cores, the block stored in bf16 to row s + 1 of y."""
+    c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
+    x_smem.store(gl.load(y_ptr + s * N + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
+                         cache_modifier=".cg"))
+    _sync()  # x whole in shared memory before any thread reads another's columns
+    mbarrier.wait(bar, phase)
+    acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
+    for t in gl.static_range(NT):
+        x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
+        acc += gl.sum(w_smem.index(slot * NT + t).load(layout).to(gl.float32) * x, axis=1)
+    gl.store(y_ptr + (s + 1) * N + pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)),
+             acc.to(gl.bfloat16))
+
+
+@gluon.jit
 def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP: gl.constexpr,
                            SLOTS: gl.constexpr, BLOCK_N: gl.constexpr, BK: gl.constexpr, NUM_WARPS: gl.constexpr):
     """The persistent chain with each program's whole slice of a stage's weight [BLOCK_N, N] copied into shared
@@ -110,9 +130,6 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
         if j < S:
             _copy_slice(w_desc, j, N, pid, bars.index(j), w_smem, j, NT, BLOCK_N, BK)
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    n = pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout))
-    c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
-    xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
     for s in range(S):
         slot = s % SLOTS
         if s > 0:
@@ -120,15 +137,8 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
             seen = gl.atomic_add(count_ptr, 0, sem="acquire")
             while seen < target:
                 seen = gl.atomic_add(count_ptr, 0, sem="acquire")
-        mbarrier.wait(bars.index(slot), (s // SLOTS) & 1)
-        x_smem.store(gl.load(y_ptr + s * N + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
-                             cache_modifier=".cg"))
-        _sync()  # x whole in shared memory before any thread reads another's columns
-        acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
-        for t in gl.static_range(NT):
-            x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
-            acc += gl.sum(w_smem.index(slot * NT + t).load(layout).to(gl.float32) * x, axis=1)
-        gl.store(y_ptr + (s + 1) * N + n, acc.to(gl.bfloat16))
+        _stage_from_smem(y_ptr, s, N, pid, bars.index(slot), (s // SLOTS) & 1, w_smem, slot, x_smem, NT, XP,
+                         BLOCK_N, BK, layout)
         if s + 1 < S:
             _sync()  # every thread done with the slot and x and its stores made, before the copies and the release
             fence_async_shared()
@@ -139,6 +149,26 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
         mbarrier.invalidate(bars.index(j))
 
 
+@gluon.jit
+def _copied_stage_kernel(w_desc, y_ptr, s, N, NT: gl.constexpr, XP: gl.constexpr, BLOCK_N: gl.constexpr,
+                         BK: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Stage s as a launch of its own (with PDL), its program's whole weight slice [BLOCK_N, N] asked of the copy
+    engine before the program waits for the launch before it: the copy runs while that launch does, as in the
+    persistent prefetch arm, but the hand-off stays a launch boundary and nothing holds a program between stages."""
+    pid = gl.program_id(0)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
+    w_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BK], gl.bfloat16)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BLOCK_N, BK], w_shared)
+    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar.index(0), count=1)
+    _copy_slice(w_desc, s, N, pid, bar.index(0), w_smem, 0, NT, BLOCK_N, BK)
+    tl.extra.cuda.gdc_wait()  # the launch before wrote this stage's input
+    tl.extra.cuda.gdc_launch_dependents()
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    _stage_from_smem(y_ptr, s, N, pid, bar.index(0), 0, w_smem, 0, x_smem, NT, XP, BLOCK_N, BK, layout)
+    mbarrier.invalidate(bar.index(0))
+
+
 SMEM_PER_SM = 227 << 10  # an H200 SM's shared memory for blocks (the opt-in maximum of one block)
 
 
@@ -147,27 +177,47 @@ def prefetch_smem(n: int, block_n: int, slots: int) -> int:
     return slots * block_n * n * 2 + triton.next_power_of_2(n // BLOCK_K) * BLOCK_K * 2 + 1024
 
 
-def prefetch_fits(n: int, block_n: int, slots: int, sms: int) -> bool:
-    """Whether a prefetch chain of [n, n] weights in slices of `block_n` rows, `slots` slices a program, runs on
-    `sms` SMs: whole [block_n, BLOCK_K] copies, a program within PREFETCH_SMEM, and every program resident at once
-    (they wait for each other at the counter)."""
+def prefetch_fits(n: int, block_n: int, slots: int, sms: int, persistent: bool = True) -> bool:
+    """Whether a chain of [n, n] weights copied in slices of `block_n` rows, `slots` slices a program, runs on `sms`
+    SMs: whole [block_n, BLOCK_K] copies, a program within PREFETCH_SMEM, and for the persistent arm every program
+    resident at once (they wait for each other at the counter; the `copies` arm's programs never wait for each
+    other, a launch's start only for the launch before it to have started all of its own)."""
     smem = prefetch_smem(n, block_n, slots)
     return (n % block_n == 0 and n % BLOCK_K == 0 and smem <= PREFETCH_SMEM
-            and n // block_n <= sms * (SMEM_PER_SM // smem))
+            and (not persistent or n // block_n <= sms * (SMEM_PER_SM // smem)))
 
 
-def prefetch_takes(n: int, block_n: int, slots: int) -> bool:
-    """Whether the prefetch arm runs here: a Hopper GPU (Gluon has no interpreter) that `prefetch_fits`."""
+def prefetch_takes(n: int, block_n: int, slots: int, persistent: bool = True) -> bool:
+    """Whether a Gluon arm runs here: a Hopper GPU (Gluon has no interpreter) that `prefetch_fits`."""
     return (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()
-            and prefetch_fits(n, block_n, slots, torch.cuda.get_device_properties(0).multi_processor_count))
+            and prefetch_fits(n, block_n, slots, torch.cuda.get_device_properties(0).multi_processor_count,
+                              persistent))
+
+
+def _slice_desc(w: torch.Tensor, block_n: int) -> TensorDescriptor:
+    """Copy descriptor of the weights [S, N, N] as [S N, N] rows, read in [block_n, BLOCK_K] boxes."""
+    S, N, _ = w.shape
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
+    return TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
+
+
+def copied_chain(w: torch.Tensor, y: torch.Tensor, block_n: int) -> torch.Tensor:
+    """chain()'s launches with each program's weight slice of `block_n` rows copied into shared memory before the
+    program waits for the launch before it (`prefetch_takes(..., persistent=False)`)."""
+    S, N, _ = w.shape
+    desc = _slice_desc(w, block_n)
+    for s in range(S):
+        _copied_stage_kernel[(N // block_n,)](desc, y, s, N, NT=N // BLOCK_K, XP=triton.next_power_of_2(N // BLOCK_K),
+                                              BLOCK_N=block_n, BK=BLOCK_K, NUM_WARPS=WARPS, num_warps=WARPS,
+                                              launch_pdl=True)
+    return y
 
 
 def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_n: int, slots: int) -> torch.Tensor:
     """chain()'s persistent arm with the stages' weights copied into shared memory ahead, a program a slice of
     `block_n` rows, `slots` slices in flight (`prefetch_takes`)."""
     S, N, _ = w.shape
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
-    desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
+    desc = _slice_desc(w, block_n)
     count.zero_()
     _prefetch_chain_kernel[(N // block_n,)](desc, y, count, S, N, NT=N // BLOCK_K,
                                             XP=triton.next_power_of_2(N // BLOCK_K), SLOTS=slots, BLOCK_N=block_n,
@@ -208,17 +258,17 @@ def main(argv=None) -> int:
                    help=f"square weight sizes N (comma-separated; N / {BLOCK_N} programs a launch)")
     p.add_argument("--stages", type=int, default=32, help="stages S of the chain (distinct weights)")
     p.add_argument("--prefetch-block-n", type=int, default=BLOCK_N,
-                   help="rows of the weight a prefetch program holds (fewer: more programs, more SMs streaming)")
+                   help="rows of the weight a prefetch or copies program holds (fewer: more programs, more SMs streaming)")
     p.add_argument("--prefetch-slots", type=int, default=1, choices=(1, 2),
                    help="weight slices a prefetch program holds: 1, the next stage's copy overlaps the counter's wait; "
                         "2, the one after it is in flight through a whole stage")
-    p.add_argument("--arms", default="launches,persistent,prefetch",
+    p.add_argument("--arms", default="launches,persistent,prefetch,copies",
                    help="which arms this process runs (a process an arm, alternated, for an A/B)")
     p.add_argument("--out", type=Path, required=True, help=f"results directory (appends {NAME})")
     a = p.parse_args(argv)
     arms = [arm for arm in a.arms.split(",") if arm]
-    if not arms or set(arms) - {"launches", "persistent", "prefetch"}:
-        p.error(f"--arms: some of launches, persistent, prefetch; got {a.arms!r}")
+    if not arms or set(arms) - {"launches", "persistent", "prefetch", "copies"}:
+        p.error(f"--arms: some of launches, persistent, prefetch, copies; got {a.arms!r}")
     a.out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings(False)
     log_json(a.out, {"stage": "setup", "gpu": torch.cuda.get_device_name(), **ceil}, NAME)
@@ -233,19 +283,22 @@ def main(argv=None) -> int:
         bytes_us = n * n * w.element_size() / (ceil["copy_GBps"] * 1e9) * 1e6
         outs = {}
         for arm in arms:
-            if arm == "prefetch" and not prefetch_takes(n, a.prefetch_block_n, a.prefetch_slots):
+            gluon_arm = arm in ("prefetch", "copies")
+            slots = a.prefetch_slots if arm == "prefetch" else 1
+            if gluon_arm and not prefetch_takes(n, a.prefetch_block_n, slots, persistent=arm == "prefetch"):
                 log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "prefetch_takes is false"}, NAME)
                 continue
             run = {"launches": lambda: chain(w, y, count, False), "persistent": lambda: chain(w, y, count, True),
-                   "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n, a.prefetch_slots)}[arm]
+                   "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n, a.prefetch_slots),
+                   "copies": lambda: copied_chain(w, y, a.prefetch_block_n)}[arm]
             y = torch.full((a.stages + 1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             y[0] = x
             run()
             outs[arm] = y.clone()
             err = ((y[-1].float() - ref).abs().max() / ref.abs().max()).item()
             us = time_ms(run) * 1e3 / a.stages
-            block_n = a.prefetch_block_n if arm == "prefetch" else BLOCK_N
-            extra = {"block_n": block_n, **({"slots": a.prefetch_slots} if arm == "prefetch" else {})}
+            block_n = a.prefetch_block_n if gluon_arm else BLOCK_N
+            extra = {"block_n": block_n, **({"slots": slots} if gluon_arm else {})}
             log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // block_n), **extra,
                              "arm": arm, "us_a_stage": round(us, 3),
                              "bytes_us_a_stage": round(bytes_us, 3), "over_bytes_us": round(us - bytes_us, 3),

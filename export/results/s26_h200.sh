@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# H200 calls of session 26: the small stages' weights copied into shared memory before a launch waits for the one
+# before it. One PART per call:
+#
+#   handoff  `bench.handoff`, a process an arm, alternated, three each (`--arms A` for A in $HANDOFF_ARMS, default
+#            launches copies prefetch; $HANDOFF_FLAGS added to each)
+#   b1       $MODELS (default e4b e2b) at batch 1, arms $ARMS alternated (default base new base new base new; base =
+#            ab/base, a `git archive` of the tree before the change), `bench.engine --config M --skip-hf --batches 1
+#            --new-tokens 32 --profile`
+#
+# The calls:
+#   (filled in as they run)
+#
+#     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm of b1
+#     bash export/results/s26_h200.sh PART [budget_s]      # default 570 s; results under $OUT
+PART=${1:?PART: handoff or b1}
+BUDGET=${2:-570}
+TAG=s26-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  handoff) for rep in 1 2 3; do
+             for a in ${HANDOFF_ARMS:-launches copies prefetch}; do
+               run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a ${HANDOFF_FLAGS:-}
+             done
+           done ;;
+  b1) batch1 90 "e4b e2b" "base new base new base new" ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
