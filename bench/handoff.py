@@ -3,18 +3,21 @@ row of x) run as S launches with programmatic dependent launch, as the engine's 
 persistent launch whose programs run every stage and meet at a grid-wide counter between stages (a GPU bench):
 
     python -m g4rt.bench.handoff --out DIR [--dims 1024,2048,2560,4096] [--stages 32]
-                                      [--arms launches,persistent,prefetch]
+                                      [--arms launches,persistent,prefetch,copies]
 
 Why: the small models' batch-1 step (E2B, E4B) is about 400-480 launches, each of which costs about 3 us beyond
-the time its bytes take (export/results, sessions 20-23). A persistent kernel per layer would replace launch
-boundaries by such counters; this measures whether a counter hands a stage over faster than a launch boundary
-does, on the same stage code. Both arms read a stage's first weight tile before they wait for the stage before.
-A third arm (`prefetch`, Gluon, Hopper only) copies a program's whole slice of the next stage's weight into shared
-memory while it waits at the counter, as a persistent layer kernel would: what is left of a stage after its wait is
-x's read from L2 (one round trip, into shared memory), the sums and the store. On the H200 (export/results, session
-25) a counter handed a stage over no faster than a launch boundary; the prefetch arm's stage cost 2.3 us beyond its
-bytes at N = 1,024 against 3.0 for a launch a stage, and tied the launches at 2,560, where one slice's copy no longer
-hides behind the counter's wait (`--prefetch-slots 2` keeps the next two in flight).
+the time its bytes take (export/results, sessions 20-23). Arms:
+- `launches`: the Triton skinny matmul's launches (plugins/triton_gemv.py's tiles), each reading its first weight
+  tile before it waits for the launch before it;
+- `persistent`: the same stage code in one launch, a grid-wide counter between stages;
+- `prefetch` (Gluon, Hopper only): one persistent launch whose programs copy their whole slice of the next stage's
+  weight (`--prefetch-slots 2`: the next two) into shared memory while they wait at the counter; after the wait x
+  comes from L2 in one round trip, then the sums and the store;
+- `copies` (Gluon, Hopper only): a launch a stage, the engine's batch-1 kernel for small weights
+  (plugins/gluon_gemv.py): each program's slice copied into shared memory before it waits for the launch before it.
+On the H200 (export/results, sessions 25-26) a counter handed a stage over no faster than a launch boundary; the
+prefetch arm cost 2.3-2.7 us a stage beyond its bytes; the copies arm 1.3 at N 1,024 and 2,048 and 2.1 at 2,560,
+against 3.0-3.3 for the launches.
 
 Per dimension and arm, one JSON line in DIR/handoff.jsonl: microseconds a stage (median of `time_ms`'s CUDA-graph
 replays, cold L2, distinct weights a stage, more bytes than L2), the time its weight bytes take at the copy
@@ -36,6 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from g4rt.plugins.gluon_attention import _sync, _tma_load
+from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, copies_take, slice_product
 from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
@@ -91,26 +95,6 @@ def _copy_slice(w_desc, stage, N, pid, bar, w_smem, slot, NT: gl.constexpr, BLOC
 
 
 @gluon.jit
-def _stage_from_smem(y_ptr, s, N, pid, bar, phase, w_smem, slot, x_smem, NT: gl.constexpr, XP: gl.constexpr,
-                     BLOCK_N: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
-    """Stage s's column block `pid` from the weight slice in ring slot `slot` (once `bar` completes `phase`): x read
-    from L2 in one round trip (as [XP, BK], XP the next power of two of NT, into shared memory), fp32 sums on the
-    CUDA cores, the block stored in bf16 to row s + 1 of y."""
-    c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
-    xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
-    x_smem.store(gl.load(y_ptr + s * N + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
-                         cache_modifier=".cg"))
-    _sync()  # x whole in shared memory before any thread reads another's columns
-    mbarrier.wait(bar, phase)
-    acc = gl.zeros([BLOCK_N], gl.float32, gl.SliceLayout(1, layout))
-    for t in gl.static_range(NT):
-        x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
-        acc += gl.sum(w_smem.index(slot * NT + t).load(layout).to(gl.float32) * x, axis=1)
-    gl.store(y_ptr + (s + 1) * N + pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)),
-             acc.to(gl.bfloat16))
-
-
-@gluon.jit
 def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP: gl.constexpr,
                            SLOTS: gl.constexpr, BLOCK_N: gl.constexpr, BK: gl.constexpr, NUM_WARPS: gl.constexpr):
     """The persistent chain with each program's whole slice of a stage's weight [BLOCK_N, N] copied into shared
@@ -126,6 +110,7 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
     bars = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(SLOTS):
         mbarrier.init(bars.index(j), count=1)
+    fence_async_shared()  # the barriers initialised before the copy engine signals them
     for j in gl.static_range(SLOTS):
         if j < S:
             _copy_slice(w_desc, j, N, pid, bars.index(j), w_smem, j, NT, BLOCK_N, BK)
@@ -137,8 +122,8 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
             seen = gl.atomic_add(count_ptr, 0, sem="acquire")
             while seen < target:
                 seen = gl.atomic_add(count_ptr, 0, sem="acquire")
-        _stage_from_smem(y_ptr, s, N, pid, bars.index(slot), (s // SLOTS) & 1, w_smem, slot, x_smem, NT, XP,
-                         BLOCK_N, BK, layout)
+        slice_product(y_ptr + s * N, y_ptr + (s + 1) * N, pid * BLOCK_N, bars.index(slot), (s // SLOTS) & 1, w_smem,
+                      slot * NT, x_smem, NT, XP, BLOCK_N, BK, layout)
         if s + 1 < S:
             _sync()  # every thread done with the slot and x and its stores made, before the copies and the release
             fence_async_shared()
@@ -149,26 +134,6 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
         mbarrier.invalidate(bars.index(j))
 
 
-@gluon.jit
-def _copied_stage_kernel(w_desc, y_ptr, s, N, NT: gl.constexpr, XP: gl.constexpr, BLOCK_N: gl.constexpr,
-                         BK: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """Stage s as a launch of its own (with PDL), its program's whole weight slice [BLOCK_N, N] asked of the copy
-    engine before the program waits for the launch before it: the copy runs while that launch does, as in the
-    persistent prefetch arm, but the hand-off stays a launch boundary and nothing holds a program between stages."""
-    pid = gl.program_id(0)
-    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
-    w_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BK], gl.bfloat16)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BLOCK_N, BK], w_shared)
-    bar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(bar.index(0), count=1)
-    _copy_slice(w_desc, s, N, pid, bar.index(0), w_smem, 0, NT, BLOCK_N, BK)
-    tl.extra.cuda.gdc_wait()  # the launch before wrote this stage's input
-    tl.extra.cuda.gdc_launch_dependents()
-    x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    _stage_from_smem(y_ptr, s, N, pid, bar.index(0), 0, w_smem, 0, x_smem, NT, XP, BLOCK_N, BK, layout)
-    mbarrier.invalidate(bar.index(0))
-
-
 SMEM_PER_SM = 227 << 10  # an H200 SM's shared memory for blocks (the opt-in maximum of one block)
 
 
@@ -177,39 +142,26 @@ def prefetch_smem(n: int, block_n: int, slots: int) -> int:
     return slots * block_n * n * 2 + triton.next_power_of_2(n // BLOCK_K) * BLOCK_K * 2 + 1024
 
 
-def prefetch_fits(n: int, block_n: int, slots: int, sms: int, persistent: bool = True) -> bool:
-    """Whether a chain of [n, n] weights copied in slices of `block_n` rows, `slots` slices a program, runs on `sms`
-    SMs: whole [block_n, BLOCK_K] copies, a program within PREFETCH_SMEM, and for the persistent arm every program
-    resident at once (they wait for each other at the counter; the `copies` arm's programs never wait for each
-    other, a launch's start only for the launch before it to have started all of its own)."""
+def prefetch_fits(n: int, block_n: int, slots: int, sms: int) -> bool:
+    """Whether a prefetch chain of [n, n] weights in slices of `block_n` rows, `slots` slices a program, runs on
+    `sms` SMs: whole [block_n, BLOCK_K] copies, a program within PREFETCH_SMEM, and every program resident at once
+    (they wait for each other at the counter)."""
     smem = prefetch_smem(n, block_n, slots)
     return (n % block_n == 0 and n % BLOCK_K == 0 and smem <= PREFETCH_SMEM
-            and (not persistent or n // block_n <= sms * (SMEM_PER_SM // smem)))
+            and n // block_n <= sms * (SMEM_PER_SM // smem))
 
 
-def prefetch_takes(n: int, block_n: int, slots: int, persistent: bool = True) -> bool:
-    """Whether a Gluon arm runs here: a Hopper GPU (Gluon has no interpreter) that `prefetch_fits`."""
+def prefetch_takes(n: int, block_n: int, slots: int) -> bool:
+    """Whether the prefetch arm runs here: a Hopper GPU (Gluon has no interpreter) that `prefetch_fits`."""
     return (torch.cuda.is_available() and hopper(torch.device("cuda")) and not interpreting()
-            and prefetch_fits(n, block_n, slots, torch.cuda.get_device_properties(0).multi_processor_count,
-                              persistent))
+            and prefetch_fits(n, block_n, slots, torch.cuda.get_device_properties(0).multi_processor_count))
 
 
-def _slice_desc(w: torch.Tensor, block_n: int) -> TensorDescriptor:
-    """Copy descriptor of the weights [S, N, N] as [S N, N] rows, read in [block_n, BLOCK_K] boxes."""
-    S, N, _ = w.shape
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
-    return TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
-
-
-def copied_chain(w: torch.Tensor, y: torch.Tensor, block_n: int) -> torch.Tensor:
-    """chain()'s launches with each program's weight slice of `block_n` rows copied into shared memory before the
-    program waits for the launch before it (`prefetch_takes(..., persistent=False)`)."""
-    S, N, _ = w.shape
-    desc = _slice_desc(w, block_n)
-    for s in range(S):
-        _copied_stage_kernel[(N // block_n,)](desc, y, s, N, NT=N // BLOCK_K, XP=triton.next_power_of_2(N // BLOCK_K),
-                                              BLOCK_N=block_n, BK=BLOCK_K, NUM_WARPS=WARPS, num_warps=WARPS,
-                                              launch_pdl=True)
+def copied_chain(w: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """chain()'s launches as the engine's batch-1 kernel for small weights runs them (plugins/gluon_gemv.py: each
+    program's weight slice copied into shared memory before it waits for the launch before it)."""
+    for s in range(w.shape[0]):
+        copied_linear(y[s:s + 1], w[s], out=y[s + 1:s + 2])
     return y
 
 
@@ -217,7 +169,8 @@ def prefetch_chain(w: torch.Tensor, y: torch.Tensor, count: torch.Tensor, block_
     """chain()'s persistent arm with the stages' weights copied into shared memory ahead, a program a slice of
     `block_n` rows, `slots` slices in flight (`prefetch_takes`)."""
     S, N, _ = w.shape
-    desc = _slice_desc(w, block_n)
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
+    desc = TensorDescriptor(w.view(S * N, N), [S * N, N], [N, 1], [block_n, BLOCK_K], layout)
     count.zero_()
     _prefetch_chain_kernel[(N // block_n,)](desc, y, count, S, N, NT=N // BLOCK_K,
                                             XP=triton.next_power_of_2(N // BLOCK_K), SLOTS=slots, BLOCK_N=block_n,
@@ -283,22 +236,23 @@ def main(argv=None) -> int:
         bytes_us = n * n * w.element_size() / (ceil["copy_GBps"] * 1e9) * 1e6
         outs = {}
         for arm in arms:
-            gluon_arm = arm in ("prefetch", "copies")
-            slots = a.prefetch_slots if arm == "prefetch" else 1
-            if gluon_arm and not prefetch_takes(n, a.prefetch_block_n, slots, persistent=arm == "prefetch"):
+            if arm == "prefetch" and not prefetch_takes(n, a.prefetch_block_n, a.prefetch_slots):
                 log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "prefetch_takes is false"}, NAME)
+                continue
+            if arm == "copies" and not copies_take(x[None], w[0]):
+                log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "copies_take is false"}, NAME)
                 continue
             run = {"launches": lambda: chain(w, y, count, False), "persistent": lambda: chain(w, y, count, True),
                    "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n, a.prefetch_slots),
-                   "copies": lambda: copied_chain(w, y, a.prefetch_block_n)}[arm]
+                   "copies": lambda: copied_chain(w, y)}[arm]
             y = torch.full((a.stages + 1, n), float("nan"), device="cuda", dtype=torch.bfloat16)
             y[0] = x
             run()
             outs[arm] = y.clone()
             err = ((y[-1].float() - ref).abs().max() / ref.abs().max()).item()
             us = time_ms(run) * 1e3 / a.stages
-            block_n = a.prefetch_block_n if gluon_arm else BLOCK_N
-            extra = {"block_n": block_n, **({"slots": slots} if gluon_arm else {})}
+            block_n = {"prefetch": a.prefetch_block_n, "copies": COPIES_BLOCK_N}.get(arm, BLOCK_N)
+            extra = {"block_n": block_n, **({"slots": a.prefetch_slots} if arm == "prefetch" else {})}
             log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // block_n), **extra,
                              "arm": arm, "us_a_stage": round(us, 3),
                              "bytes_us_a_stage": round(bytes_us, 3), "over_bytes_us": round(us - bytes_us, 3),

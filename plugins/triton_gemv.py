@@ -32,6 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from .gluon_gemv import copied_linear, copies_take
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
@@ -354,9 +355,12 @@ def blas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("g4rt::skinny_linear", mutates_args=())
 def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) for x [M, K], w [N, K]: the Triton kernel where `takes_gemv`, else a BLAS library's
-    (blas_linear). One opaque op, so the eager and the compiled engine make the same choice and compute the
-    same bits."""
+    """F.linear(x, w) for x [M, K], w [N, K]: at batch 1 on a Hopper GPU a small weight's slices copied into shared
+    memory before the launch waits (gluon_gemv.copies_take), else the Triton kernel where `takes_gemv`, else a BLAS
+    library's (blas_linear). One opaque op, so the eager and the compiled engine make the same choice and compute
+    the same bits."""
+    if copies_take(x, w):
+        return copied_linear(x, w)
     return _planned_gemv(x, w) if takes_gemv(x.shape[0], w) else blas_linear(x, w)
 
 

@@ -4,9 +4,9 @@
 #
 #   handoff  `bench.handoff`, a process an arm, alternated, three each (`--arms A` for A in $HANDOFF_ARMS, default
 #            launches copies prefetch; $HANDOFF_FLAGS added to each)
-#   b1       $MODELS (default e4b e2b) at batch 1, arms $ARMS alternated (default base new base new base new; base =
-#            ab/base, a `git archive` of the tree before the change), `bench.engine --config M --skip-hf --batches 1
-#            --new-tokens 32 --profile`
+#   b1       the Gluon kernel's GPU tests (`pytest tests/test_plugins_gluon_gemv.py`), then $MODELS (default e4b e2b)
+#            at batch 1, arms $ARMS alternated (default base new base new base new; base = ab/base, a `git archive`
+#            of the tree before the change), `bench.engine --config M --skip-hf --batches 1 --new-tokens 32 --profile`
 #
 # The calls:
 #   (filled in as they run)
@@ -24,7 +24,9 @@ case $PART in
                run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a ${HANDOFF_FLAGS:-}
              done
            done ;;
-  b1) batch1 90 "e4b e2b" "base new base new base new" ;;
+  b1) run_part gpu_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_plugins_gluon_gemv.py
+      tail -3 "$OUT/gpu_tests.log"
+      batch1 90 "e4b e2b" "base new base new base new" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call

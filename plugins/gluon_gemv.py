@@ -1,0 +1,117 @@
+"""A batch-1 skinny matmul for small weights, each program's weight slice copied into shared memory before it waits
+(Gluon, Hopper).
+
+Why: at batch 1 the small models' step is 400-480 launches, and each small one cost about 3 us beyond its bytes
+(export/results, sessions 20-25): the Triton kernel (triton_gemv.py) reads its first weight tile before it waits for
+the kernel before it (programmatic dependent launch) and streams the rest after, so every launch pays the stream's
+ramp after the wait. Here every program asks the copy engine for its whole slice of the weight, [BLOCK_N, K], into
+shared memory before it waits: the copies run while the kernel before it does (the launch starts when that one has
+passed its own wait), and what is left after the wait is x's read from L2 in one round trip, the sums and the store.
+On the H200 a chain of 32 square stages took 1.81 / 3.31 / 5.19 us a stage at N 1,024 / 2,048 / 2,560 this way,
+against 3.53 / 5.24 / 6.35 as the Triton kernel's launches, and a persistent kernel holding two slices in flight
+took 3.09 / 4.63 (bench/handoff.py's `copies`, `launches` and `prefetch` arms; export/results, session 26).
+
+Scope (`copies_take`): one row of x (batch-1 decode), bf16, a Hopper GPU, N a multiple of BLOCK_N and K of BLOCK_K,
+a program's slice within SLICE_BYTES and the weight within COPIES_MAX_BYTES (larger weights stream at the copy
+bandwidth in the Triton kernel, where a slice a program would not fit). The sums are fp32 on the CUDA cores in an
+order of their own, so the bits differ from the Triton kernel's (not from run to run); the eager and compiled
+engines call one op (`g4rt::skinny_linear`), so they compute the same bits. Gluon has no interpreter: CPU runs take
+the Triton kernel, and CI compiles this one for sm_90 (tests/test_plugins_gluon_gemv.py).
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared, mbarrier
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from .gluon_attention import _sync, _tma_load
+from .triton_attention import hopper, interpreting
+
+BLOCK_N = 16  # weight rows (output columns) a program: the most programs for a small weight, 2 an SM with the next
+BLOCK_K = 256  # columns a copy box (the copy engine's widest box); x is read as [K / BLOCK_K, BLOCK_K]
+NUM_WARPS = 4
+SLICE_BYTES = 96 << 10  # a program's weight slice: two programs an SM (this launch's and the next's) in 227 KB
+COPIES_MAX_BYTES = 16 << 20  # the E4B's packed q/k/v (15 MiB) and o_proj; its 50 MiB down_proj streams
+
+
+@gluon.jit
+def slice_product(x_ptr, out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexpr, XP: gl.constexpr,
+                  BN: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
+    """out[col0 : col0 + BN] = the weight slice in w_smem[first : first + NT] (once `bar` completes `phase`) times x
+    [NT * BK]: x from L2 in one round trip (as [XP, BK], XP the next power of two of NT, into x_smem), fp32 sums on
+    the CUDA cores tile by tile, rounded to bf16."""
+    c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
+    xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
+    x_smem.store(gl.load(x_ptr + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
+                         cache_modifier=".cg"))
+    _sync()  # x whole in shared memory before any thread reads another's columns
+    mbarrier.wait(bar, phase)
+    acc = gl.zeros([BN], gl.float32, gl.SliceLayout(1, layout))
+    for t in gl.static_range(NT):
+        x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
+        acc += gl.sum(w_smem.index(first + t).load(layout).to(gl.float32) * x, axis=1)
+    gl.store(out_ptr + col0 + gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), acc.to(gl.bfloat16))
+
+
+@gluon.jit
+def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, NT: gl.constexpr, XP: gl.constexpr, BN: gl.constexpr,
+                        BK: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Program p: out[p BN : (p + 1) BN] = w[p BN : (p + 1) BN] x, its NT boxes [BN, BK] of w asked of the copy
+    engine before the program waits for the kernel before it (nothing writes weights); x read after."""
+    pid = gl.program_id(0)
+    layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BN, BK], w_desc.layout)
+    bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar, count=1)
+    fence_async_shared()  # the barrier initialised before the copy engine signals it
+    mbarrier.expect(bar, NT * BN * BK * 2)
+    for t in gl.static_range(NT):
+        _tma_load(w_desc, [pid * BN, t * BK], bar, w_smem.index(t))
+    tl.extra.cuda.gdc_wait()  # the kernel before wrote x
+    tl.extra.cuda.gdc_launch_dependents()
+    x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
+    slice_product(x_ptr, out_ptr, pid * BN, bar, 0, w_smem, 0, x_smem, NT, XP, BN, BK, layout)
+    mbarrier.invalidate(bar)
+
+
+def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether a launch of `rows` rows against a weight [n, k] of `dtype` is this kernel's, from shapes alone (the
+    rule `copies_take` applies on a Hopper GPU)."""
+    return (rows == 1 and dtype == torch.bfloat16 and n % BLOCK_N == 0 and k % BLOCK_K == 0 and k > 0
+            and BLOCK_N * k * 2 <= SLICE_BYTES and n * k * 2 <= COPIES_MAX_BYTES)
+
+
+def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `g4rt::skinny_linear` runs x [M, K] against w [N, K] through this kernel: `copies_fit`, on a Hopper
+    GPU (never under the interpreter), x [1, K] of w's dtype, w contiguous from a 16-byte address (the copy engine's
+    grid)."""
+    return (x.device.type == "cuda" and hopper(x.device) and not interpreting() and x.dtype == w.dtype
+            and x.dim() == 2 and copies_fit(x.shape[0], *w.shape, w.dtype) and w.is_contiguous()
+            and w.data_ptr() % 16 == 0)
+
+
+def weight_descriptor(w: torch.Tensor, block_n: int = BLOCK_N) -> TensorDescriptor:
+    """The copy engine's view of w [N, K] (bf16, contiguous), read in [block_n, BLOCK_K] boxes."""
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
+    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [block_n, BLOCK_K], layout)
+
+
+def copied_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [1, K] @ w [N, K].T -> [1, N] (bf16) where `copies_take`; `out` (e.g. NaN-poisoned) is where it goes."""
+    if not copies_take(x, w):
+        raise ValueError(f"copied_linear takes one contiguous bf16 row against a contiguous bf16 weight [N, K] with N "
+                         f"a multiple of {BLOCK_N}, K of {BLOCK_K}, a slice within {SLICE_BYTES} bytes and the weight "
+                         f"within {COPIES_MAX_BYTES}, on a Hopper GPU; got x {tuple(x.shape)} {x.dtype}, w "
+                         f"{tuple(w.shape)} {w.dtype} on {x.device}")
+    N, K = w.shape
+    x = x.contiguous()
+    out = torch.empty((1, N), dtype=x.dtype, device=x.device) if out is None else out
+    nt = K // BLOCK_K
+    _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, NT=nt, XP=triton.next_power_of_2(nt),
+                                         BN=BLOCK_N, BK=BLOCK_K, NUM_WARPS=NUM_WARPS, num_warps=NUM_WARPS,
+                                         launch_pdl=True)
+    return out

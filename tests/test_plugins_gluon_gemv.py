@@ -1,0 +1,105 @@
+"""The batch-1 skinny matmul whose programs copy their weight slice into shared memory before they wait
+(plugins/gluon_gemv.py). Gluon has no interpreter: CI checks the rule by shape, the refusal off a Hopper GPU, and the
+kernel compiled for sm_90 (every copy asked before the wait, x read after it); its numerics run on a Hopper GPU
+(`python -m pytest tests/test_plugins_gluon_gemv.py` without TRITON_INTERPRET)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton extra is not installed")
+
+from g4rt.plugins import gluon_gemv as gg  # noqa: E402
+from g4rt.plugins import triton_attention as ta  # noqa: E402
+from g4rt.plugins import triton_gemv as tg  # noqa: E402
+
+ON_HOPPER = not ta.interpreting() and torch.cuda.is_available() and ta.hopper(torch.device("cuda"))
+# [N, K] of the E4B's and E2B's projections the rule gives the kernel: sliding packed q/k/v, sliding o_proj, PLE
+# projection, KV-shared q_proj.
+SHAPES = [(3072, 2560), (2560, 2048), (2560, 256), (2048, 2560), (2560, 1536), (1536, 2048), (1536, 256)]
+
+
+def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
+    bf16 = torch.bfloat16
+    assert all(gg.copies_fit(1, n, k, bf16) for n, k in SHAPES)
+    assert not gg.copies_fit(2, 3072, 2560, bf16)  # a second row: the Triton kernel
+    assert not gg.copies_fit(1, 3072, 2560, torch.float32) and not gg.copies_fit(1, 3072, 2560, torch.float16)
+    assert not gg.copies_fit(1, 3080, 2560, bf16) and not gg.copies_fit(1, 3072, 2600, bf16)  # partial boxes
+    assert not gg.copies_fit(1, 2560, 4096, bf16)  # the E4B's full o_proj: a 128 KB slice a program
+    assert not gg.copies_fit(1, 6144, 2560, bf16)  # the E4B's full q/k/v: 30 MiB, streamed
+    assert not gg.copies_fit(1, 2560, 10240, bf16) and not gg.copies_fit(1, 16, 0, bf16)
+
+
+def test_off_a_hopper_gpu_the_op_keeps_the_triton_kernel_and_the_launch_is_refused_by_shape():
+    x = torch.randn(1, 2560, dtype=torch.bfloat16)
+    w = torch.randn(3072, 2560, dtype=torch.bfloat16)
+    assert not gg.copies_take(x, w)
+    with pytest.raises(ValueError, match=r"got x \(1, 2560\) torch.bfloat16, w \(3072, 2560\)"):
+        gg.copied_linear(x, w)
+
+
+COMPILE = """
+import json, re, sys, triton
+from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource
+from triton.experimental.gluon import language as gl
+from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, BLOCK_N, NUM_WARPS
+k = int(sys.argv[1])
+layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
+sig = {a: "i32" for a in fn.arg_names}
+sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", x_ptr="*bf16", out_ptr="*bf16")
+const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=BLOCK_N, BK=BLOCK_K, NUM_WARPS=NUM_WARPS)
+sig.update({a: "constexpr" for a in const})
+c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
+                   options={"num_warps": NUM_WARPS})
+lines = c.asm["ptx"].splitlines()
+waits = [i for i, l in enumerate(lines) if "griddepcontrol.wait" in l]
+copies = [i for i, l in enumerate(lines) if "cp.async.bulk.tensor" in l]
+loads = [i for i, l in enumerate(lines) if re.search(r"ld\\.global", l)]
+print(json.dumps({"shared": c.metadata.shared, "waits": len(waits), "copies": len(copies),
+                  "copies_before": sum(i < waits[0] for i in copies), "loads": len(loads),
+                  "loads_before": sum(i < waits[0] for i in loads)}))
+"""
+
+
+@pytest.mark.parametrize("k", [256, 2560])
+def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k):
+    """A subprocess without TRITON_INTERPRET: the slice's K / BLOCK_K copies are all asked before the program waits
+    for the kernel before it, x's loads all come after, and the shared memory is the slice and x within
+    SLICE_BYTES and 8 KB."""
+    env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", COMPILE, str(k)], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["waits"] == 1 and got["copies"] == got["copies_before"] == k // gg.BLOCK_K
+    assert got["loads"] >= 1 and got["loads_before"] == 0
+    assert gg.BLOCK_N * k * 2 <= got["shared"] <= gg.SLICE_BYTES + (8 << 10)
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles "
+                                          "it for sm_90 instead")
+@pytest.mark.parametrize("n, k", SHAPES)
+def test_on_the_gpu_the_op_takes_the_kernel_within_bf16_rounding_of_a_float64_matmul(monkeypatch, n, k):
+    """Fresh random bf16 inputs into a NaN-poisoned output: every column written, within bf16 rounding of the fp64
+    product, the same bits on a second launch; `g4rt::skinny_linear` at one row takes it, at two rows not."""
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(n + k)
+    x = torch.randn(2, k, device=dev, generator=g).bfloat16()
+    w = (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).bfloat16()
+    want = x[:1].double() @ w.double().T
+    out = torch.full((1, n), float("nan"), device=dev, dtype=torch.bfloat16)
+    got = gg.copied_linear(x[:1], w, out=out)
+    assert got is out and torch.isfinite(got).all()
+    assert (got.double() - want).abs().max().item() <= 2 * torch.finfo(torch.bfloat16).eps * want.abs().max().item()
+    assert torch.equal(gg.copied_linear(x[:1], w), got)
+    taken = []
+    launch = tg.copied_linear
+    monkeypatch.setattr(tg, "copied_linear", lambda *a: taken.append(1) or launch(*a))
+    assert torch.equal(torch.ops.g4rt.skinny_linear(x[:1], w), got)
+    torch.ops.g4rt.skinny_linear(x, w)
+    assert taken == [1]
