@@ -241,12 +241,23 @@ def pdl_launch(device: torch.device) -> dict:
 
 
 @triton.jit
-def await_inputs(PDL: tl.constexpr):
+def await_inputs(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
     """With PDL: wait until the kernels before this one have finished and their writes are visible, then
     let the next kernel launch. Every load of a kernel launched with PDL that reads what a kernel wrote
-    comes after this call (a kernel's weights may be read before it: nothing writes them)."""
+    comes after this call (a kernel's weights may be read before it: nothing writes them). LAUNCH_NEXT False:
+    the kernel lets the next one launch itself, later (`launch_next`)."""
     if PDL:
         tl.extra.cuda.gdc_wait()
+        if LAUNCH_NEXT:
+            tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def launch_next(PDL: tl.constexpr):
+    """With PDL: let the next kernel launch (at the latest it does when this one ends). A kernel whose reads are a
+    chain of round trips calls it after them: the next kernel's programs start by asking for their weights
+    (gluon_gemv.py copies whole slices), and reads queued behind those copies take that much longer."""
+    if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 

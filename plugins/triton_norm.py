@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, interpreting, pdl_launch
+from .triton_attention import await_inputs, interpreting, launch_next, pdl_launch
 
 
 # Rows (tokens) a program of the row kernels and of the q/k/v kernel takes under the Triton interpreter (CPU
@@ -222,19 +222,27 @@ def q_norm_rope(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torch.Te
 def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_ptr, eps, rows, D: tl.constexpr,
                          BLOCK: tl.constexpr, HAS_SCALE: tl.constexpr, HAS_OUT: tl.constexpr, ROWS: tl.constexpr,
                          PDL: tl.constexpr):
-    await_inputs(PDL)
+    # Every read in one round trip: the weights (nothing writes them) before the wait, x and the residual after
+    # it, both before the first sum (a load written after a block-wide sum is issued after it).
     at, ok, c, c_ok = _row_tile(rows, D, BLOCK, ROWS)
     dtype = h_ptr.dtype.element_ty
+    xw = tl.load(xw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    if HAS_OUT:
+        ow = tl.load(ow_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(scale_ptr).to(tl.float32)
+    await_inputs(PDL, LAUNCH_NEXT=False)
     x = tl.load(x_ptr + at, mask=ok, other=0.0).to(tl.float32)
-    y = x / _rms(x, D, eps) * tl.load(xw_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-    h = (tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32) + y.to(dtype).to(tl.float32)).to(dtype)
+    res = tl.load(res_ptr + at, mask=ok, other=0.0).to(tl.float32)
+    y = x / _rms(x, D, eps) * xw
+    h = (res + y.to(dtype).to(tl.float32)).to(dtype)
     if HAS_SCALE:  # the layer_scalar: eager rounds the sum, then the product
-        h = (h.to(tl.float32) * tl.load(scale_ptr).to(tl.float32)).to(dtype)
+        h = (h.to(tl.float32) * scale).to(dtype)
+    launch_next(PDL)  # after the reads: at batch 1 the q/k/v's weight copies follow (gluon_gemv.py)
     tl.store(h_ptr + at, h, mask=ok)
     if HAS_OUT:
         hf = h.to(tl.float32)
-        z = hf / _rms(hf, D, eps) * tl.load(ow_ptr + c, mask=c_ok, other=0.0).to(tl.float32)
-        tl.store(out_ptr + at, z.to(dtype), mask=ok)
+        tl.store(out_ptr + at, (hf / _rms(hf, D, eps) * ow).to(dtype), mask=ok)
 
 
 def _add_norm_launch(residual, x, x_weight, scale, out_weight, eps):
