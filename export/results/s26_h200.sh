@@ -5,11 +5,16 @@
 #   handoff  `bench.handoff`, a process an arm, alternated, three each (`--arms A` for A in $HANDOFF_ARMS, default
 #            launches copies prefetch; $HANDOFF_FLAGS added to each)
 #   b1       the Gluon kernel's GPU tests (`pytest tests/test_plugins_gluon_gemv.py`), then $MODELS (default e4b e2b)
-#            at batch 1, arms $ARMS alternated (default base new base new base new; base = ab/base, a `git archive`
-#            of the tree before the change), `bench.engine --config M --skip-hf --batches 1 --new-tokens 32 --profile`
+#            at batch 1, arms $ARMS alternated (default base new base new base new; an arm A other than new is
+#            ab/A, a `git archive` of another tree), `bench.engine --config M --skip-hf --batches 1 --new-tokens 32
+#            --profile`
 #
 # The calls:
-#   (filled in as they run)
+#   1  handoff  budget 300, at 07427eb, HANDOFF_FLAGS="--prefetch-block-n 16 --prefetch-slots 2 --dims 1024,2048,2560"
+#               (copies in that tree: its own kernel of the same code as plugins/gluon_gemv.py's, then added)
+#   2  b1       budget 540, at 6734d6d, MODELS=e4b, ab/base = 07427eb (no change to the step)
+#   3  b1       budget 560, at HEAD, MODELS=e4b ARMS="base copies new base copies new base copies new", ab/copies =
+#               6734d6d (the Gluon kernel only), new adds the norm's one round trip and late launch_next
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm of b1
 #     bash export/results/s26_h200.sh PART [budget_s]      # default 570 s; results under $OUT
