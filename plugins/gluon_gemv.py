@@ -29,7 +29,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_attention import _sync, _tma_load
-from .triton_attention import hopper, interpreting
+from .triton_attention import hopper, interpreting, sm_count
 
 BLOCK_N = 16  # weight rows (output columns) a program: the most programs for a small weight, 2 an SM with the next
 BLOCK_K = 256  # columns a copy box (the copy engine's widest box); x is read as [K / BLOCK_K, BLOCK_K]
@@ -78,11 +78,13 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, NT: gl.constexpr, XP: gl.constex
     mbarrier.invalidate(bar)
 
 
-def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
+def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype, sms: int = 132) -> bool:
     """Whether a launch of `rows` rows against a weight [n, k] of `dtype` is this kernel's, from shapes alone (the
-    rule `copies_take` applies on a Hopper GPU)."""
+    rule `copies_take` applies on a Hopper GPU of `sms` SMs): whole boxes, a slice within SLICE_BYTES, the weight
+    within COPIES_MAX_BYTES, and a program for at least half the SMs (a narrower weight, the MoE router's 128
+    outputs, would be read by a few SMs)."""
     return (rows == 1 and dtype == torch.bfloat16 and n % BLOCK_N == 0 and k % BLOCK_K == 0 and k > 0
-            and BLOCK_N * k * 2 <= SLICE_BYTES and n * k * 2 <= COPIES_MAX_BYTES)
+            and BLOCK_N * k * 2 <= SLICE_BYTES and n * k * 2 <= COPIES_MAX_BYTES and 2 * (n // BLOCK_N) >= sms)
 
 
 def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -90,7 +92,7 @@ def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
     GPU (never under the interpreter), x [1, K] of w's dtype, w contiguous from a 16-byte address (the copy engine's
     grid)."""
     return (x.device.type == "cuda" and hopper(x.device) and not interpreting() and x.dtype == w.dtype
-            and x.dim() == 2 and copies_fit(x.shape[0], *w.shape, w.dtype) and w.is_contiguous()
+            and x.dim() == 2 and copies_fit(x.shape[0], *w.shape, w.dtype, sm_count(x.device)) and w.is_contiguous()
             and w.data_ptr() % 16 == 0)
 
 

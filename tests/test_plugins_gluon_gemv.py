@@ -33,6 +33,8 @@ def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
     assert not gg.copies_fit(1, 2560, 4096, bf16)  # the E4B's full o_proj: a 128 KB slice a program
     assert not gg.copies_fit(1, 6144, 2560, bf16)  # the E4B's full q/k/v: 30 MiB, streamed
     assert not gg.copies_fit(1, 2560, 10240, bf16) and not gg.copies_fit(1, 16, 0, bf16)
+    assert not gg.copies_fit(1, 128, 2816, bf16)  # the 26B-A4B's router: 8 programs
+    assert gg.copies_fit(1, 1056, 2816, bf16) and not gg.copies_fit(1, 1056, 2816, bf16, sms=133)  # 66 programs
 
 
 def test_off_a_hopper_gpu_the_op_keeps_the_triton_kernel_and_the_launch_is_refused_by_shape():

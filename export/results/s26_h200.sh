@@ -4,7 +4,8 @@
 #
 #   handoff  `bench.handoff`, a process an arm, alternated, three each (`--arms A` for A in $HANDOFF_ARMS, default
 #            launches copies prefetch; $HANDOFF_FLAGS added to each)
-#   b1       the Gluon kernel's GPU tests (`pytest tests/test_plugins_gluon_gemv.py`), then $MODELS (default e4b e2b)
+#   b1       the Gluon kernel's GPU tests (`pytest tests/test_plugins_gluon_gemv.py`; GPU_TESTS=0 skips them), then
+#            $MODELS (default e4b e2b), at most $B1_CAP seconds a process (default 90)
 #            at batch 1, arms $ARMS alternated (default base new base new base new; an arm A other than new is
 #            ab/A, a `git archive` of another tree), `bench.engine --config M --skip-hf --batches 1 --new-tokens 32
 #            --profile`
@@ -15,6 +16,9 @@
 #   2  b1       budget 540, at 6734d6d, MODELS=e4b, ab/base = 07427eb (no change to the step)
 #   3  b1       budget 560, at HEAD, MODELS=e4b ARMS="base copies new base copies new base copies new", ab/copies =
 #               6734d6d (the Gluon kernel only), new adds the norm's one round trip and late launch_next
+#   4  b1       at HEAD (a program for half the SMs or more), ab/base = 07427eb, two runs in one call:
+#               OUT=$OUT/e2b MODELS=e2b, budget 260; then OUT=$OUT/31b MODELS=31b GPU_TESTS=0 B1_CAP=120
+#               ARMS="base new base new", budget 300
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm of b1
 #     bash export/results/s26_h200.sh PART [budget_s]      # default 570 s; results under $OUT
@@ -29,9 +33,11 @@ case $PART in
                run_arm /tmp/pkg $a $rep handoff 90 handoff --arms $a ${HANDOFF_FLAGS:-}
              done
            done ;;
-  b1) run_part gpu_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_plugins_gluon_gemv.py
-      tail -3 "$OUT/gpu_tests.log"
-      batch1 90 "e4b e2b" "base new base new base new" ;;
+  b1) if [ "${GPU_TESTS:-1}" = 1 ]; then
+        run_part gpu_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_plugins_gluon_gemv.py
+        tail -3 "$OUT/gpu_tests.log"
+      fi
+      batch1 "${B1_CAP:-90}" "e4b e2b" "base new base new base new" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
