@@ -9,6 +9,8 @@
 #            at batch 1, arms $ARMS alternated (default base new base new base new; an arm A other than new is
 #            ab/A, a `git archive` of another tree), `bench.engine --config M --skip-hf --batches 1 --new-tokens 32
 #            --profile`
+#   moe1     the 26B-A4B at batch 1, arms $ARMS (default base new base new), `bench.moe --config 26b-a4b --batches 1
+#            --ttft "" --skip-hf --profile` (its router keeps the Triton kernel; the norm's change reaches it)
 #
 # The calls:
 #   1  handoff  budget 300, at 07427eb, HANDOFF_FLAGS="--prefetch-block-n 16 --prefetch-slots 2 --dims 1024,2048,2560"
@@ -19,10 +21,11 @@
 #   4  b1       at HEAD (a program for half the SMs or more), ab/base = 07427eb, two runs in one call:
 #               OUT=$OUT/e2b MODELS=e2b, budget 260; then OUT=$OUT/31b MODELS=31b GPU_TESTS=0 B1_CAP=120
 #               ARMS="base new base new", budget 300
+#   5  moe1     budget 380, at HEAD, ab/base = 07427eb
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm of b1
 #     bash export/results/s26_h200.sh PART [budget_s]      # default 570 s; results under $OUT
-PART=${1:?PART: handoff or b1}
+PART=${1:?PART: handoff, b1 or moe1}
 BUDGET=${2:-570}
 TAG=s26-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -38,6 +41,7 @@ case $PART in
         tail -3 "$OUT/gpu_tests.log"
       fi
       batch1 "${B1_CAP:-90}" "e4b e2b" "base new base new base new" ;;
+  moe1) each_arm "${ARMS:-base new base new}" b1_26b 120 moe --config 26b-a4b --batches 1 --ttft "" --skip-hf --profile ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
