@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from g4rt.plugins.gluon_attention import _sync, _tma_load
-from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, copies_take, slice_product
+from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, copies_take, slice_sums, x_tile
 from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
@@ -122,8 +122,10 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
             seen = gl.atomic_add(count_ptr, 0, sem="acquire")
             while seen < target:
                 seen = gl.atomic_add(count_ptr, 0, sem="acquire")
-        slice_product(y_ptr + s * N, y_ptr + (s + 1) * N, pid * BLOCK_N, bars.index(slot), (s // SLOTS) & 1, w_smem,
-                      slot * NT, x_smem, NT, XP, BLOCK_N, BK, layout)
+        x_at, x_ok = x_tile(NT, XP, BK, layout)
+        x_smem.store(gl.load(y_ptr + s * N + x_at, mask=x_ok, other=0.0, cache_modifier=".cg"))
+        slice_sums(y_ptr + (s + 1) * N, pid * BLOCK_N, bars.index(slot), (s // SLOTS) & 1, w_smem, slot * NT, x_smem,
+                   NT, BLOCK_N, BK, layout)
         if s + 1 < S:
             _sync()  # every thread done with the slot and x and its stores made, before the copies and the release
             fence_async_shared()

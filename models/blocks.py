@@ -6,7 +6,8 @@ the MoE router's `route` are written as Hugging Face writes them; `skinny_linear
 projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py), and
 `gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate), which that kernel forms in
 its epilogue; `add_norm_gelu_linear` a residual step and the gated GELU of a projection of it, whose norms
-the kernel forms in its prologue.
+the kernel forms in its prologue; `add_norm_linear` a layer's tail and the next layer's first projection (one
+launch at batch 1 on Hopper, plugins/gluon_gemv.py).
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -107,6 +108,14 @@ def add_norm_gelu_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torc
     return h, gelu_linear(z, w, up)
 
 
+def add_norm_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                    eps: float, scale: torch.Tensor | None, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's tail (`add_rms_norm`, ending in the next layer's input norm) and the next layer's first projection
+    of its output by w (its packed q/k/v, or a KV-shared layer's q_proj): returns (h, the projection)."""
+    h, z = add_rms_norm(residual, x, x_weight, out_weight, eps, scale)
+    return h, F.linear(z, w)
+
+
 def router_inputs(h: torch.Tensor, scale: torch.Tensor, root: float, experts_weight: torch.Tensor,
                   eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """The MoE block's two norms of the un-normed residual h: the router's input, norm(h) * scale * root
@@ -134,4 +143,4 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
              "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
-             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear}
+             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear, "add_norm_linear": add_norm_linear}

@@ -137,17 +137,28 @@ class Attention(nn.Module):
         if len(parts) >= 2 and self.qkv_weight is None:
             self.qkv_weight = _pack(parts)
 
+    def input_weight(self) -> torch.Tensor | None:
+        """The one weight the layer's input goes through first: the packed q/k/v, or a KV-shared layer's q_proj;
+        None where q, k and v are separate (not packed: export, CPU models)."""
+        if self.qkv_weight is not None:
+            return self.qkv_weight
+        return self.q_proj.weight if self.k_proj is None else None
+
+    def from_projection(self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """`project`'s result from the input's projection y by `input_weight()`."""
+        if self.qkv_weight is not None:  # norms and RoPE of all three in one block
+            return block("qkv_norm_rope", self.kernels, y, self.q_norm.weight,
+                         self.k_norm.weight, self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads,
+                         self.v_proj is None)
+        # a KV-shared layer: q's norm and RoPE, one block
+        return block("q_norm_rope", self.kernels, y, self.q_norm.weight, self.q_norm.eps, cos, sin), None, None
+
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
         """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
-        if self.qkv_weight is not None:  # one matmul, then norms and RoPE of all three in one block
-            qkv = block("skinny_linear", self.kernels, x, self.qkv_weight)
-            return block("qkv_norm_rope", self.kernels, qkv, self.q_norm.weight,
-                         self.k_norm.weight, self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads,
-                         self.v_proj is None)
-        if self.k_proj is None:  # a KV-shared layer: q's norm and RoPE, one block
-            q = block("q_norm_rope", self.kernels, self.q_proj(x), self.q_norm.weight, self.q_norm.eps, cos, sin)
-            return q, None, None
+        w = self.input_weight()
+        if w is not None:  # one matmul
+            return self.from_projection(block("skinny_linear", self.kernels, x, w), cos, sin)
         q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
         k_raw = self.k_proj(x).view(T, -1, D)
         # k_eq_v: V is v_norm of the raw k_proj output.
@@ -267,22 +278,36 @@ class DecoderLayer(nn.Module):
             self.post_feedforward_layernorm_2 = norm()
             self.pre_feedforward_layernorm_2 = norm()
 
-    def forward(self, h, x, cos, sin, attention: AttentionFn, ple: torch.Tensor | None,
-                next_norm_weight: torch.Tensor):
-        """h: the residual stream entering the layer; x: its input norm, input_layernorm(h), which the layer
-        before computed in its tail. Returns the stream leaving the layer and its norm with
-        `next_norm_weight`: the layer's tail is one fused block that ends with the next layer's input norm
-        (or, after the last layer, the final norm)."""
-        q, k, v = self.attention_inputs(x, cos, sin)
-        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple, next_norm_weight)
+    def forward(self, h, m, tail, cos, sin, attention: AttentionFn, ple: torch.Tensor | None):
+        """The residual stream entering the layer is h with the layer before's last residual step pending: h +
+        norm(m) * tail[0], times tail[1] (the layer before's `tail()`); for the first layer m and tail are None
+        and h is the stream. Returns the stream leaving the layer in that form, (h, m): the pending step, this
+        layer's input norm and its first projection are one block (`attention_inputs`), and after the last layer
+        the model forms the step with the final norm."""
+        h, q, k, v = self.attention_inputs(h, m, tail, cos, sin)
+        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple)
+
+    def tail(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm weight, layer scalar) of the residual step that ends this layer, formed by the next one."""
+        post = self.post_per_layer_input_norm if self.has_ple else self.post_feedforward_layernorm
+        return post.weight, self.layer_scalar
 
     # The layer in two pieces around the attention call. The inductor engine compiles each piece once for
     # all layers of a kind: neither reads the layer's index (the attention call does, for its cache
-    # offsets), and the next norm's weight is an argument, so layers of one shape share one compiled graph.
-    def attention_inputs(self, x, cos, sin):
-        return self.self_attn.project(x, cos, sin)
+    # offsets), and the layer before's tail weights are arguments, so layers of one shape share one compiled graph.
+    def attention_inputs(self, h, m, tail, cos, sin):
+        """The stream h (the pending step formed, see forward), and q, k, v."""
+        attn, norm = self.self_attn, self.input_layernorm
+        if m is None:
+            return (h, *attn.project(norm(h), cos, sin))
+        w = attn.input_weight()
+        if w is None:
+            h, x = block("add_rms_norm", self.kernels, h, m, tail[0], norm.weight, norm.eps, tail[1])
+            return (h, *attn.project(x, cos, sin))
+        h, y = block("add_norm_linear", self.kernels, h, m, tail[0], norm.weight, norm.eps, tail[1], w)
+        return (h, *attn.from_projection(y, cos, sin))
 
-    def after_attention(self, h, o, ple, next_norm_weight):
+    def after_attention(self, h, o, ple):
         post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm
         eps = post.eps
         # h = residual + post(o_proj(o)), a post-norm residual step, and the MLP of its pre-norm pre(h).
@@ -296,13 +321,12 @@ class DecoderLayer(nn.Module):
             w, idx = self.router(r)
             m = block("normed_sum", self.kernels, m, self.post_feedforward_layernorm_1.weight, self.experts(e, idx, w),
                       self.post_feedforward_layernorm_2.weight, eps)
-        post = self.post_feedforward_layernorm
         if self.has_ple:  # h + post(m), and the PLE gate's GELU of it: one block
-            h, g = block("add_norm_gelu_linear", self.kernels, h, m, post.weight, None, eps,
+            h, g = block("add_norm_gelu_linear", self.kernels, h, m, self.post_feedforward_layernorm.weight, None, eps,
                          self.per_layer_input_gate.weight, ple)
-            m, post = self.per_layer_projection(g), self.post_per_layer_input_norm
-        # The tail: h + post(m), times layer_scalar, then the next input norm, in one block.
-        return block("add_rms_norm", self.kernels, h, m, post.weight, next_norm_weight, eps, self.layer_scalar)
+            m = self.per_layer_projection(g)
+        # The tail, h + post(m) times layer_scalar (post and the scalar are `tail()`), is the next layer's to form.
+        return h, m
 
 
 def _round_to(x: float, dtype: torch.dtype) -> float:
@@ -384,12 +408,13 @@ class Gemma4Model(nn.Module):
             True: rope_cos_sin(self.sliding_inv_freq, positions, h.dtype),
             False: rope_cos_sin(self.full_inv_freq, positions, h.dtype),
         }
-        x = self.layers[0].input_layernorm(h)
+        m = tail = None
         for i, layer in enumerate(self.layers):
             cos, sin = rope[layer.self_attn.kv.sliding]
-            nxt = self.layers[i + 1].input_layernorm if i + 1 < len(self.layers) else self.norm
-            h, x = layer(h, x, cos, sin, attention, ple[:, i] if ple is not None else None, nxt.weight)
-        return x
+            h, m = layer(h, m, tail, cos, sin, attention, ple[:, i] if ple is not None else None)
+            tail = layer.tail()
+        # the last layer's tail and the final norm, one block
+        return block("add_rms_norm", self.kernels, h, m, tail[0], self.norm.weight, self.norm.eps, tail[1])[1]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """final-normed hidden rows [R, H] -> fp32 logits [R, vocab]: tied lm_head, softcap in model dtype."""

@@ -39,15 +39,18 @@ COPIES_MAX_BYTES = 16 << 20  # the E4B's packed q/k/v (15 MiB) and o_proj; its 5
 
 
 @gluon.jit
-def slice_product(x_ptr, out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexpr, XP: gl.constexpr,
-                  BN: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
-    """out[col0 : col0 + BN] = the weight slice in w_smem[first : first + NT] (once `bar` completes `phase`) times x
-    [NT * BK]: x from L2 in one round trip (as [XP, BK], XP the next power of two of NT, into x_smem), fp32 sums on
-    the CUDA cores tile by tile, rounded to bf16."""
+def x_tile(NT: gl.constexpr, XP: gl.constexpr, BK: gl.constexpr, layout: gl.constexpr):
+    """Offsets and row mask of a vector of NT * BK elements read as [XP, BK] (XP the next power of two of NT)."""
     c = gl.arange(0, BK, layout=gl.SliceLayout(0, layout))
     xr = gl.arange(0, XP, layout=gl.SliceLayout(1, layout))
-    x_smem.store(gl.load(x_ptr + xr[:, None] * BK + c[None, :], mask=(xr < NT)[:, None], other=0.0,
-                         cache_modifier=".cg"))
+    return xr[:, None] * BK + c[None, :], (xr < NT)[:, None]
+
+
+@gluon.jit
+def slice_sums(out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.constexpr,
+               BK: gl.constexpr, layout: gl.constexpr):
+    """out[col0 : col0 + BN] = the weight slice in w_smem[first : first + NT] (once `bar` completes `phase`) times x
+    in x_smem [XP, BK]: fp32 sums on the CUDA cores tile by tile, rounded to bf16."""
     _sync()  # x whole in shared memory before any thread reads another's columns
     mbarrier.wait(bar, phase)
     acc = gl.zeros([BN], gl.float32, gl.SliceLayout(1, layout))
@@ -58,10 +61,18 @@ def slice_product(x_ptr, out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: g
 
 
 @gluon.jit
-def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, NT: gl.constexpr, XP: gl.constexpr, BN: gl.constexpr,
-                        BK: gl.constexpr, NUM_WARPS: gl.constexpr):
-    """Program p: out[p BN : (p + 1) BN] = w[p BN : (p + 1) BN] x, its NT boxes [BN, BK] of w asked of the copy
-    engine before the program waits for the kernel before it (nothing writes weights); x read after."""
+def _rms(v, K, eps):
+    return gl.sqrt(gl.sum(gl.sum(v * v, axis=1), axis=0) / K + eps)
+
+
+@gluon.jit
+def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_ptr, h_ptr, eps, K,
+                        NT: gl.constexpr, XP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NORM: gl.constexpr,
+                        HAS_SCALE: gl.constexpr, NUM_WARPS: gl.constexpr):
+    """Program p: out[p BN : (p + 1) BN] = w[p BN : (p + 1) BN] z, its NT boxes [BN, BK] of w asked of the copy
+    engine before the program waits for the kernel before it (nothing writes weights); z read after. z is x, or
+    with NORM the residual step add_rms_norm forms (plugins/triton_norm.py, its roundings): h = residual +
+    rms_norm(x) * xw [times scale], z = rms_norm(h) * ow; every program forms z whole, program 0 stores h."""
     pid = gl.program_id(0)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
     w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BN, BK], w_desc.layout)
@@ -71,10 +82,27 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, NT: gl.constexpr, XP: gl.constex
     mbarrier.expect(bar, NT * BN * BK * 2)
     for t in gl.static_range(NT):
         _tma_load(w_desc, [pid * BN, t * BK], bar, w_smem.index(t))
-    tl.extra.cuda.gdc_wait()  # the kernel before wrote x
+    at, ok = x_tile(NT, XP, BK, layout)
+    if NORM:  # the norms' weights and the layer scalar: nothing writes them
+        xw = gl.load(xw_ptr + at, mask=ok, other=0.0).to(gl.float32)
+        ow = gl.load(ow_ptr + at, mask=ok, other=0.0).to(gl.float32)
+        if HAS_SCALE:
+            scale = gl.load(scale_ptr).to(gl.float32)
+    tl.extra.cuda.gdc_wait()  # the kernel before wrote x (and the residual)
     tl.extra.cuda.gdc_launch_dependents()
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    slice_product(x_ptr, out_ptr, pid * BN, bar, 0, w_smem, 0, x_smem, NT, XP, BN, BK, layout)
+    if NORM:
+        x = gl.load(x_ptr + at, mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
+        res = gl.load(res_ptr + at, mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
+        h = (res + (x / _rms(x, K, eps) * xw).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
+        if HAS_SCALE:  # eager rounds the sum, then the product
+            h = (h.to(gl.float32) * scale).to(gl.bfloat16)
+        gl.store(h_ptr + at, h, mask=ok & (pid == 0))
+        hf = h.to(gl.float32)
+        x_smem.store((hf / _rms(hf, K, eps) * ow).to(gl.bfloat16))
+    else:
+        x_smem.store(gl.load(x_ptr + at, mask=ok, other=0.0, cache_modifier=".cg"))
+    slice_sums(out_ptr, pid * BN, bar, 0, w_smem, 0, x_smem, NT, BN, BK, layout)
     mbarrier.invalidate(bar)
 
 
@@ -102,18 +130,47 @@ def weight_descriptor(w: torch.Tensor, block_n: int = BLOCK_N) -> TensorDescript
     return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [block_n, BLOCK_K], layout)
 
 
+def _check(x: torch.Tensor, w: torch.Tensor) -> None:
+    if not copies_take(x, w):
+        raise ValueError(f"the copied kernel takes one bf16 row against a contiguous bf16 weight [N, K] with N a "
+                         f"multiple of {BLOCK_N}, K of {BLOCK_K}, a slice within {SLICE_BYTES} bytes, the weight within "
+                         f"{COPIES_MAX_BYTES} and a program for half the SMs, on a Hopper GPU; got x {tuple(x.shape)} "
+                         f"{x.dtype}, w {tuple(w.shape)} {w.dtype} on {x.device}")
+
+
+def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | None = None) -> None:
+    """The kernel over w's column blocks; `norm`: (residual, x_weight, out_weight, scale or None, h, eps)."""
+    N, K = w.shape
+    nt = K // BLOCK_K
+    res, xw, ow, scale, h, eps = norm or (x, x, x, None, x, 0.0)
+    _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, res, xw, ow, x if scale is None else scale, h,
+                                         float(eps), K, NT=nt, XP=triton.next_power_of_2(nt), BN=BLOCK_N, BK=BLOCK_K,
+                                         NORM=norm is not None, HAS_SCALE=scale is not None, NUM_WARPS=NUM_WARPS,
+                                         num_warps=NUM_WARPS, launch_pdl=True)
+
+
 def copied_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     """x [1, K] @ w [N, K].T -> [1, N] (bf16) where `copies_take`; `out` (e.g. NaN-poisoned) is where it goes."""
-    if not copies_take(x, w):
-        raise ValueError(f"copied_linear takes one contiguous bf16 row against a contiguous bf16 weight [N, K] with N "
-                         f"a multiple of {BLOCK_N}, K of {BLOCK_K}, a slice within {SLICE_BYTES} bytes and the weight "
-                         f"within {COPIES_MAX_BYTES}, on a Hopper GPU; got x {tuple(x.shape)} {x.dtype}, w "
-                         f"{tuple(w.shape)} {w.dtype} on {x.device}")
-    N, K = w.shape
+    _check(x, w)
     x = x.contiguous()
-    out = torch.empty((1, N), dtype=x.dtype, device=x.device) if out is None else out
-    nt = K // BLOCK_K
-    _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, NT=nt, XP=triton.next_power_of_2(nt),
-                                         BN=BLOCK_N, BK=BLOCK_K, NUM_WARPS=NUM_WARPS, num_warps=NUM_WARPS,
-                                         launch_pdl=True)
+    out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device) if out is None else out
+    _launch(w, x, out)
     return out
+
+
+def copied_add_norm_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                           eps: float, scale: torch.Tensor | None, w: torch.Tensor,
+                           out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """add_rms_norm (plugins/triton_norm.py) and the projection of its normed output by w, one launch where
+    `copies_take(x, w)`: returns h = residual + rms_norm(x) * x_weight [times scale], and rms_norm(h) * out_weight
+    @ w.T. Every program forms the normed row itself while its weight slice is on its way."""
+    _check(x, w)
+    for name, t in (("residual", residual), ("x_weight", x_weight), ("out_weight", out_weight)):
+        if t.numel() != x.shape[1] or t.dtype != x.dtype:
+            raise ValueError(f"copied_add_norm_linear's {name} must hold {x.shape[1]} {x.dtype} values like x's row, "
+                             f"got {tuple(t.shape)} {t.dtype}")
+    x, residual = x.contiguous(), residual.contiguous()
+    h = torch.empty_like(residual)
+    out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device) if out is None else out
+    _launch(w, x, out, (residual, x_weight.contiguous(), out_weight.contiguous(), scale, h, eps))
+    return h, out

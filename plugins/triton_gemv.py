@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gluon_gemv import copied_linear, copies_take
+from .gluon_gemv import copied_add_norm_linear, copied_linear, copies_take
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
@@ -441,3 +441,21 @@ def _add_norm_gelu_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: 
 @_add_norm_gelu_linear_op.register_fake
 def _(residual, x, x_weight, out_weight, eps, w, up):
     return torch.empty_like(residual), _gelu_out(x, w, up)
+
+
+@torch.library.custom_op("g4rt::add_norm_linear", mutates_args=())
+def _add_norm_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
+                        eps: float, scale: torch.Tensor | None, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's tail and the next layer's first projection: (h, z) = add_rms_norm(residual, x, x_weight,
+    out_weight, eps, scale), returned as (h, skinny_linear(z, w)). Where the copied kernel takes x against w (batch 1
+    on a Hopper GPU, gluon_gemv.copies_take) one launch: its weight copies start while the layer's last kernel runs,
+    a launch earlier than after a norm kernel of its own, and every program forms z while they arrive."""
+    if copies_take(x, w):
+        return copied_add_norm_linear(residual, x, x_weight, out_weight, eps, scale, w)
+    h, z = add_rms_norm(residual, x, x_weight, out_weight, eps, scale)
+    return h, _skinny_linear_op(z, w)
+
+
+@_add_norm_linear_op.register_fake
+def _(residual, x, x_weight, out_weight, eps, scale, w):
+    return torch.empty_like(residual), x.new_empty(x.shape[0], w.shape[0])

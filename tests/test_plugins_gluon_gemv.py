@@ -51,11 +51,12 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
 from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, BLOCK_N, NUM_WARPS
-k = int(sys.argv[1])
+k, norm = int(sys.argv[1]), sys.argv[2] == "1"
 layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
-sig = {a: "i32" for a in fn.arg_names}
-sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", x_ptr="*bf16", out_ptr="*bf16")
-const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=BLOCK_N, BK=BLOCK_K, NUM_WARPS=NUM_WARPS)
+sig = {a: "*bf16" for a in fn.arg_names}
+sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", eps="fp32", K="i32")
+const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=BLOCK_N, BK=BLOCK_K, NORM=norm,
+             HAS_SCALE=norm, NUM_WARPS=NUM_WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": NUM_WARPS})
@@ -64,23 +65,28 @@ waits = [i for i, l in enumerate(lines) if "griddepcontrol.wait" in l]
 copies = [i for i, l in enumerate(lines) if "cp.async.bulk.tensor" in l]
 loads = [i for i, l in enumerate(lines) if re.search(r"ld\\.global", l)]
 print(json.dumps({"shared": c.metadata.shared, "waits": len(waits), "copies": len(copies),
-                  "copies_before": sum(i < waits[0] for i in copies), "loads": len(loads),
+                  "copies_before": sum(i < waits[0] for i in copies), "loads_after": sum(i > waits[0] for i in loads),
                   "loads_before": sum(i < waits[0] for i in loads)}))
 """
 
 
-@pytest.mark.parametrize("k", [256, 2560])
-def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k):
+@pytest.mark.parametrize("k, norm", [(256, False), (2560, False), (2560, True)])
+def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k, norm):
     """A subprocess without TRITON_INTERPRET: the slice's K / BLOCK_K copies are all asked before the program waits
-    for the kernel before it, x's loads all come after, and the shared memory is the slice and x within
-    SLICE_BYTES and 8 KB."""
+    for the kernel before it, and the shared memory is the slice and x within SLICE_BYTES and 8 KB. Without the
+    residual step nothing is read before the wait; with it, the norms' weights and the layer scalar are (nothing
+    writes them), x and the residual after it, as many loads as the two weights."""
     env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", COMPILE, str(k)], capture_output=True, text=True, timeout=600, env=env)
+    r = subprocess.run([sys.executable, "-c", COMPILE, str(k), str(int(norm))], capture_output=True, text=True,
+                       timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["waits"] == 1 and got["copies"] == got["copies_before"] == k // gg.BLOCK_K
-    assert got["loads"] >= 1 and got["loads_before"] == 0
     assert gg.BLOCK_N * k * 2 <= got["shared"] <= gg.SLICE_BYTES + (8 << 10)
+    if norm:
+        assert got["loads_before"] == got["loads_after"] + 1  # the two weights and the scalar; x and the residual
+    else:
+        assert got["loads_before"] == 0 and got["loads_after"] >= 1
 
 
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles "
@@ -105,3 +111,35 @@ def test_on_the_gpu_the_op_takes_the_kernel_within_bf16_rounding_of_a_float64_ma
     assert torch.equal(torch.ops.g4rt.skinny_linear(x[:1], w), got)
     torch.ops.g4rt.skinny_linear(x, w)
     assert taken == [1]
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles "
+                                          "it for sm_90 instead")
+@pytest.mark.parametrize("n, k, scaled", [(3072, 2560, True), (2048, 2560, False), (2560, 1536, True)])
+def test_on_the_gpu_the_tail_and_the_next_projection_in_one_launch(monkeypatch, n, k, scaled):
+    """`g4rt::add_norm_linear` at one row: one launch into NaN-poisoned outputs, h within a bf16 ulp (of its
+    largest value) of add_rms_norm's, the projection within bf16 rounding of the fp64 product of add_rms_norm's normed row; at two
+    rows add_rms_norm then skinny_linear, to the bit."""
+    from g4rt.plugins import triton_norm as tn
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(n + k)
+    res, x = (torch.randn(2, k, device=dev, generator=g).bfloat16() for _ in range(2))
+    xw, ow = (torch.rand(k, device=dev, generator=g).bfloat16() + 0.5 for _ in range(2))
+    scale = torch.rand(1, device=dev, generator=g).bfloat16() + 0.5 if scaled else None
+    w = (torch.randn(n, k, device=dev, generator=g) / k ** 0.5).bfloat16()
+    want_h, z = tn.add_rms_norm(res[:1], x[:1], xw, ow, 1e-6, scale)
+    want = z.double() @ w.double().T
+    out = torch.full((1, n), float("nan"), device=dev, dtype=torch.bfloat16)
+    h, y = gg.copied_add_norm_linear(res[:1], x[:1], xw, ow, 1e-6, scale, w, out=out)
+    assert y is out and torch.isfinite(y).all() and torch.isfinite(h).all()
+    ulp = torch.finfo(torch.bfloat16).eps
+    assert (h.float() - want_h.float()).abs().max().item() <= ulp * want_h.float().abs().max().item()
+    assert (y.double() - want).abs().max().item() <= 4 * ulp * want.abs().max().item()
+    taken = []
+    launch = tg.copied_add_norm_linear
+    monkeypatch.setattr(tg, "copied_add_norm_linear", lambda *a: taken.append(1) or launch(*a))
+    h1, y1 = torch.ops.g4rt.add_norm_linear(res[:1], x[:1], xw, ow, 1e-6, scale, w)
+    assert taken == [1] and torch.equal(h1, h) and torch.equal(y1, y)
+    h2, y2 = torch.ops.g4rt.add_norm_linear(res, x, xw, ow, 1e-6, scale, w)
+    h_two, z_two = tn.add_rms_norm(res, x, xw, ow, 1e-6, scale)
+    assert taken == [1] and torch.equal(h2, h_two) and torch.equal(y2, torch.ops.g4rt.skinny_linear(z_two, w))

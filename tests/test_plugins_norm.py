@@ -115,8 +115,9 @@ def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
 @pytest.mark.parametrize("name", ["31b", "e2b", "26b"])
 def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     """What one forward dispatches with the Triton kernels and packed weights: each layer's norms are fused
-    blocks (the tail's `add_rms_norm`, ending in the next layer's input norm or the final norm; for MoE
-    layers `router_inputs` and `normed_sum`), a KV-shared layer's q norm and RoPE is one `q_norm_rope`, every
+    blocks (the tail, ending in the next layer's input norm and its first projection, `add_norm_linear`, or the
+    final norm, `add_rms_norm`; for MoE layers `router_inputs` and `normed_sum`), a KV-shared layer's q norm and
+    RoPE is one `q_norm_rope`, every
     projection is `skinny_linear` (the op that picks the Triton kernel or cuBLAS by shape) but the two of a
     gated GELU, the packed gate/up and the PLE gate, which are `add_norm_gelu_linear` with the residual step
     before them (the step's norms in the matmul's prologue, the GELU in its epilogue: no `add_rms_norm`,
@@ -150,12 +151,13 @@ def test_a_forward_runs_the_layer_tails_as_one_block(name, report):
     report(f"tiny {name}, one forward of {L} layers: our ops {sum(g4.values())}, ATen add {ops.seen['aten::add']}, "
            f"mul {ops.seen['aten::mul']}, neg {ops.seen['aten::neg']}, cat {ops.seen['aten::cat']}")
     ple, moe = cfg.has_ple, cfg.enable_moe_block
-    # Projections through `skinny_linear`: per layer q (or the packed q/k/v), o and down; the PLE
-    # projection per layer and the per-layer model projection once; the router. The packed gate/up and
-    # the PLE gate are `add_norm_gelu_linear`.
-    mm = 3 * L + ple * (L + 1) + moe * L
-    assert g4 == {"g4rt::add_rms_norm": L, "g4rt::qkv_norm_rope": L - shared, "g4rt::skinny_linear": mm,
-                  "g4rt::add_norm_gelu_linear": L * (1 + ple),
+    # Projections through `skinny_linear`: per layer o and down, the first layer's q (or packed q/k/v); the PLE
+    # projection per layer and the per-layer model projection once; the router. Every later layer's q (or
+    # packed q/k/v) is `add_norm_linear` with the layer before's tail, the last tail is `add_rms_norm` with the
+    # final norm. The packed gate/up and the PLE gate are `add_norm_gelu_linear`.
+    mm = 2 * L + 1 + ple * (L + 1) + moe * L
+    assert g4 == {"g4rt::add_rms_norm": 1, "g4rt::add_norm_linear": L - 1, "g4rt::qkv_norm_rope": L - shared,
+                  "g4rt::skinny_linear": mm, "g4rt::add_norm_gelu_linear": L * (1 + ple),
                   "g4rt::rms_norm": 1 + ple, **({"g4rt::q_norm_rope": shared} if ple else {}),
                   **({k: L for k in ("g4rt::router_inputs", "g4rt::route", "g4rt::moe", "g4rt::normed_sum")}
                      if moe else {})}
