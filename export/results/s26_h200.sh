@@ -16,12 +16,14 @@
 #   1  handoff  budget 300, at 07427eb, HANDOFF_FLAGS="--prefetch-block-n 16 --prefetch-slots 2 --dims 1024,2048,2560"
 #               (copies in that tree: its own kernel of the same code as plugins/gluon_gemv.py's, then added)
 #   2  b1       budget 540, at 6734d6d, MODELS=e4b, ab/base = 07427eb (no change to the step)
-#   3  b1       budget 560, at HEAD, MODELS=e4b ARMS="base copies new base copies new base copies new", ab/copies =
+#   3  b1       budget 560, at bd95059, MODELS=e4b ARMS="base copies new base copies new base copies new", ab/copies =
 #               6734d6d (the Gluon kernel only), new adds the norm's one round trip and late launch_next
-#   4  b1       at HEAD (a program for half the SMs or more), ab/base = 07427eb, two runs in one call:
+#   4  b1       at 177f02a (a program for half the SMs or more), ab/base = 07427eb, two runs in one call:
 #               OUT=$OUT/e2b MODELS=e2b, budget 260; then OUT=$OUT/31b MODELS=31b GPU_TESTS=0 B1_CAP=120
 #               ARMS="base new base new", budget 300
-#   5  moe1     budget 380, at HEAD, ab/base = 07427eb
+#   5  moe1     budget 380, at 84232c7, ab/base = 07427eb
+#   6  b1       budget 270, at HEAD (the tail and the next projection in one launch), ab/prev = bddddb2 (calls 4-5's
+#               tree), MODELS="e4b e2b" ARMS="prev new prev new prev new"
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm of b1
 #     bash export/results/s26_h200.sh PART [budget_s]      # default 570 s; results under $OUT
