@@ -22,8 +22,8 @@
 #               OUT=$OUT/e2b MODELS=e2b, budget 260; then OUT=$OUT/31b MODELS=31b GPU_TESTS=0 B1_CAP=120
 #               ARMS="base new base new", budget 300
 #   5  moe1     budget 380, at 84232c7, ab/base = 07427eb
-#   6  b1       budget 270, at HEAD (the tail and the next projection in one launch), ab/prev = bddddb2 (calls 4-5's
-#               tree), MODELS="e4b e2b" ARMS="prev new prev new prev new"
+#   6  b1       budget 250, at 9b3050e (the tail and the next projection in one launch), ab/prev = bddddb2 (calls 4-5's
+#               tree), MODELS=e4b ARMS="prev new prev new prev new" (the device time left allowed no E2B)
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm of b1
 #     bash export/results/s26_h200.sh PART [budget_s]      # default 570 s; results under $OUT
