@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from g4rt.plugins.gluon_attention import _sync, _tma_load
-from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, copies_take, slice_sums, x_tile
+from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, kernel_fits, slice_sums, x_tile
 from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
                    help=f"square weight sizes N (comma-separated; N / {BLOCK_N} programs a launch)")
     p.add_argument("--stages", type=int, default=32, help="stages S of the chain (distinct weights)")
     p.add_argument("--prefetch-block-n", type=int, default=BLOCK_N,
-                   help="rows of the weight a prefetch or copies program holds (fewer: more programs, more SMs streaming)")
+                   help="rows of the weight a prefetch program holds (fewer: more programs, more SMs streaming)")
     p.add_argument("--prefetch-slots", type=int, default=1, choices=(1, 2),
                    help="weight slices a prefetch program holds: 1, the next stage's copy overlaps the counter's wait; "
                         "2, the one after it is in flight through a whole stage")
@@ -241,8 +241,8 @@ def main(argv=None) -> int:
             if arm == "prefetch" and not prefetch_takes(n, a.prefetch_block_n, a.prefetch_slots):
                 log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "prefetch_takes is false"}, NAME)
                 continue
-            if arm == "copies" and not copies_take(x[None], w[0]):
-                log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "copies_take is false"}, NAME)
+            if arm == "copies" and not (hopper(w.device) and not interpreting() and kernel_fits(1, n, n, w.dtype)):
+                log_json(a.out, {"stage": "handoff", "n": n, "arm": arm, "skipped": "kernel_fits is false"}, NAME)
                 continue
             run = {"launches": lambda: chain(w, y, count, False), "persistent": lambda: chain(w, y, count, True),
                    "prefetch": lambda: prefetch_chain(w, y, count, a.prefetch_block_n, a.prefetch_slots),

@@ -12,11 +12,13 @@ against 3.53 / 5.24 / 6.35 as the Triton kernel's launches, and a persistent ker
 took 3.09 / 4.63 (bench/handoff.py's `copies`, `launches` and `prefetch` arms; export/results, session 26).
 
 Scope (`copies_take`): one row of x (batch-1 decode), bf16, a Hopper GPU, N a multiple of BLOCK_N and K of BLOCK_K,
-a program's slice within SLICE_BYTES and the weight within COPIES_MAX_BYTES (larger weights stream at the copy
-bandwidth in the Triton kernel, where a slice a program would not fit). The sums are fp32 on the CUDA cores in an
+a program's slice within SLICE_BYTES, the weight within COPIES_MAX_BYTES (larger weights stream at the copy
+bandwidth in the Triton kernel) and a program for half the SMs or more. The same launch can form its input from a
+residual step first (`copied_add_norm_linear`, the op `g4rt::add_norm_linear`: a layer's tail and the next layer's
+q/k/v), so that its copies start while the layer's last kernel runs. The sums are fp32 on the CUDA cores in an
 order of their own, so the bits differ from the Triton kernel's (not from run to run); the eager and compiled
-engines call one op (`g4rt::skinny_linear`), so they compute the same bits. Gluon has no interpreter: CPU runs take
-the Triton kernel, and CI compiles this one for sm_90 (tests/test_plugins_gluon_gemv.py).
+engines call one op, so they compute the same bits. Gluon has no interpreter: CPU runs take the Triton kernel, and
+CI compiles this one for sm_90 (tests/test_plugins_gluon_gemv.py).
 """
 from __future__ import annotations
 
@@ -106,22 +108,31 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_p
     mbarrier.invalidate(bar)
 
 
-def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype, sms: int = 132) -> bool:
-    """Whether a launch of `rows` rows against a weight [n, k] of `dtype` is this kernel's, from shapes alone (the
-    rule `copies_take` applies on a Hopper GPU of `sms` SMs): whole boxes, a slice within SLICE_BYTES, the weight
-    within COPIES_MAX_BYTES, and a program for at least half the SMs (a narrower weight, the MoE router's 128
-    outputs, would be read by a few SMs)."""
+def kernel_fits(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
+    """Whether the kernel can run `rows` rows against a weight [n, k] of `dtype`: one bf16 row, whole copy boxes, and
+    a program's slice within SLICE_BYTES."""
     return (rows == 1 and dtype == torch.bfloat16 and n % BLOCK_N == 0 and k % BLOCK_K == 0 and k > 0
-            and BLOCK_N * k * 2 <= SLICE_BYTES and n * k * 2 <= COPIES_MAX_BYTES and 2 * (n // BLOCK_N) >= sms)
+            and BLOCK_N * k * 2 <= SLICE_BYTES)
+
+
+def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype, sms: int = 132) -> bool:
+    """Whether `g4rt::skinny_linear` gives the kernel such a launch on a Hopper GPU of `sms` SMs (`copies_take`): it
+    `kernel_fits`, the weight is within COPIES_MAX_BYTES, and there is a program for at least half the SMs (a narrower
+    weight, the MoE router's 128 outputs, would be read by a few SMs)."""
+    return kernel_fits(rows, n, k, dtype) and n * k * 2 <= COPIES_MAX_BYTES and 2 * (n // BLOCK_N) >= sms
+
+
+def _on_hopper(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """x [M, K] and w on a Hopper GPU (never under the interpreter), of one dtype, w contiguous from a 16-byte
+    address (the copy engine's grid)."""
+    return (x.device.type == "cuda" and hopper(x.device) and not interpreting() and x.dtype == w.dtype
+            and x.dim() == 2 and w.dim() == 2 and w.is_contiguous() and w.data_ptr() % 16 == 0)
 
 
 def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
-    """Whether `g4rt::skinny_linear` runs x [M, K] against w [N, K] through this kernel: `copies_fit`, on a Hopper
-    GPU (never under the interpreter), x [1, K] of w's dtype, w contiguous from a 16-byte address (the copy engine's
-    grid)."""
-    return (x.device.type == "cuda" and hopper(x.device) and not interpreting() and x.dtype == w.dtype
-            and x.dim() == 2 and copies_fit(x.shape[0], *w.shape, w.dtype, sm_count(x.device)) and w.is_contiguous()
-            and w.data_ptr() % 16 == 0)
+    """Whether `g4rt::skinny_linear` runs x [M, K] against w [N, K] through this kernel: `copies_fit` on a Hopper
+    GPU."""
+    return _on_hopper(x, w) and copies_fit(x.shape[0], *w.shape, w.dtype, sm_count(x.device))
 
 
 def weight_descriptor(w: torch.Tensor, block_n: int = BLOCK_N) -> TensorDescriptor:
@@ -131,11 +142,10 @@ def weight_descriptor(w: torch.Tensor, block_n: int = BLOCK_N) -> TensorDescript
 
 
 def _check(x: torch.Tensor, w: torch.Tensor) -> None:
-    if not copies_take(x, w):
+    if not (_on_hopper(x, w) and kernel_fits(x.shape[0], *w.shape, w.dtype)):
         raise ValueError(f"the copied kernel takes one bf16 row against a contiguous bf16 weight [N, K] with N a "
-                         f"multiple of {BLOCK_N}, K of {BLOCK_K}, a slice within {SLICE_BYTES} bytes, the weight within "
-                         f"{COPIES_MAX_BYTES} and a program for half the SMs, on a Hopper GPU; got x {tuple(x.shape)} "
-                         f"{x.dtype}, w {tuple(w.shape)} {w.dtype} on {x.device}")
+                         f"multiple of {BLOCK_N}, K of {BLOCK_K} and a slice within {SLICE_BYTES} bytes, on a Hopper "
+                         f"GPU; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype} on {x.device}")
 
 
 def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | None = None) -> None:
@@ -150,7 +160,8 @@ def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | N
 
 
 def copied_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """x [1, K] @ w [N, K].T -> [1, N] (bf16) where `copies_take`; `out` (e.g. NaN-poisoned) is where it goes."""
+    """x [1, K] @ w [N, K].T -> [1, N] (bf16) where the kernel fits (`kernel_fits`, on a Hopper GPU; the op asks
+    `copies_take`); `out` (e.g. NaN-poisoned) is where it goes."""
     _check(x, w)
     x = x.contiguous()
     out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device) if out is None else out
@@ -161,8 +172,8 @@ def copied_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = N
 def copied_add_norm_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, out_weight: torch.Tensor,
                            eps: float, scale: torch.Tensor | None, w: torch.Tensor,
                            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """add_rms_norm (plugins/triton_norm.py) and the projection of its normed output by w, one launch where
-    `copies_take(x, w)`: returns h = residual + rms_norm(x) * x_weight [times scale], and rms_norm(h) * out_weight
+    """add_rms_norm (plugins/triton_norm.py) and the projection of its normed output by w, one launch (where the
+    kernel fits, as copied_linear): returns h = residual + rms_norm(x) * x_weight [times scale], and rms_norm(h) * out_weight
     @ w.T. Every program forms the normed row itself while its weight slice is on its way."""
     _check(x, w)
     for name, t in (("residual", residual), ("x_weight", x_weight), ("out_weight", out_weight)):

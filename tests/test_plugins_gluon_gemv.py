@@ -34,6 +34,8 @@ def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
     assert not gg.copies_fit(1, 6144, 2560, bf16)  # the E4B's full q/k/v: 30 MiB, streamed
     assert not gg.copies_fit(1, 2560, 10240, bf16) and not gg.copies_fit(1, 16, 0, bf16)
     assert not gg.copies_fit(1, 128, 2816, bf16)  # the 26B-A4B's router: 8 programs
+    assert gg.kernel_fits(1, 128, 2816, bf16) and gg.kernel_fits(1, 6144, 2560, bf16)  # runs, not the op's choice
+    assert not gg.kernel_fits(1, 2560, 4096, bf16) and not gg.kernel_fits(2, 3072, 2560, bf16)
     assert gg.copies_fit(1, 1056, 2816, bf16) and not gg.copies_fit(1, 1056, 2816, bf16, sms=133)  # 66 programs
 
 
