@@ -134,3 +134,31 @@ def ceilings(quick):
     del a, bm
     torch.cuda.empty_cache()
     return {"copy_bytes": n, "copy_GBps": bw / 1e9, "matmul_TFLOPs": 2 * 8192 ** 3 / (tm * 1e-3) / 1e12}
+
+
+CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (cuda.h)
+
+
+def prefer_shared_carveout(percent: int, lib=None) -> None:
+    """Every Triton and Gluon kernel loaded from now on prefers `percent` % of its SM's L1/shared memory as shared
+    memory (cuFuncSetAttribute on the loaded function; `lib`, libcuda by default). Why an arm of its own: Triton's
+    launcher sets a preference only for kernels above 48 KB of shared memory, and an SM that runs a small kernel
+    under the driver's default carveout may not take a 90 KB program of the next launch until it drains, which
+    would keep a Gluon launch's weight copies (plugins/gluon_gemv.py) from starting early (export/results, session
+    26). Call it before the first kernel loads."""
+    import ctypes
+
+    from triton import knobs
+
+    if not 0 <= percent <= 100:
+        raise ValueError(f"a shared-memory carveout is a percentage, 0-100, got {percent}")
+    cuda = lib or ctypes.CDLL("libcuda.so.1")
+
+    def hook(module, function, name, metadata_group, hash) -> None:
+        if function is None:  # the hook's call before the module loads
+            return
+        rc = cuda.cuFuncSetAttribute(ctypes.c_void_p(function), CARVEOUT_ATTRIBUTE, percent)
+        if rc != 0:
+            raise RuntimeError(f"cuFuncSetAttribute(carveout {percent} %) failed for kernel {name}: CUresult {rc}")
+
+    knobs.runtime.kernel_load_end_hook.add(hook)

@@ -50,7 +50,7 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
-from .common import ceilings, first_differences, log_json, sync, time_to_first_token
+from .common import ceilings, first_differences, log_json, prefer_shared_carveout, sync, time_to_first_token
 
 
 def weight_bytes_per_step(model, batch: int = 1) -> int:
@@ -759,7 +759,12 @@ def main(argv=None) -> int:
     ap.add_argument("--no-bf16-reduced-reduction", dest="bf16_reduction", action="store_false",
                     help="forbid cuBLAS reductions in bf16 inside a bf16 matmul (torch.backends.cuda.matmul."
                          "allow_bf16_reduced_precision_reduction = False), which changes the kernels it may pick")
+    ap.add_argument("--shared-carveout", type=int, default=None, metavar="PERCENT",
+                    help="every Triton/Gluon kernel prefers this share of L1/shared memory as shared memory "
+                         "(common.prefer_shared_carveout); default leaves the driver's choice")
     a = ap.parse_args(argv)
+    if a.shared_carveout is not None:
+        prefer_shared_carveout(a.shared_carveout)
     if a.blas != "default":
         torch.backends.cuda.preferred_blas_library(a.blas)
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = a.bf16_reduction
@@ -777,6 +782,7 @@ def main(argv=None) -> int:
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
          "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
+         "shared_carveout": a.shared_carveout,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})
     batches = [int(x) for x in a.batches.split(",") if x]
