@@ -64,6 +64,7 @@ def slice_sums(out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexp
 
 @gluon.jit
 def _rms(v, K, eps):
+    """Root mean square of the K elements of v [XP, BK] (masked ones 0), plus eps under the root."""
     return gl.sqrt(gl.sum(gl.sum(v * v, axis=1), axis=0) / K + eps)
 
 
@@ -135,10 +136,10 @@ def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
     return _on_hopper(x, w) and copies_fit(x.shape[0], *w.shape, w.dtype, sm_count(x.device))
 
 
-def weight_descriptor(w: torch.Tensor, block_n: int = BLOCK_N) -> TensorDescriptor:
-    """The copy engine's view of w [N, K] (bf16, contiguous), read in [block_n, BLOCK_K] boxes."""
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, BLOCK_K], gl.bfloat16)
-    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [block_n, BLOCK_K], layout)
+def weight_descriptor(w: torch.Tensor) -> TensorDescriptor:
+    """The copy engine's view of w [N, K] (bf16, contiguous), read in [BLOCK_N, BLOCK_K] boxes."""
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
+    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK_N, BLOCK_K], layout)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor) -> None:
@@ -173,8 +174,8 @@ def copied_add_norm_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: to
                            eps: float, scale: torch.Tensor | None, w: torch.Tensor,
                            out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """add_rms_norm (plugins/triton_norm.py) and the projection of its normed output by w, one launch (where the
-    kernel fits, as copied_linear): returns h = residual + rms_norm(x) * x_weight [times scale], and rms_norm(h) * out_weight
-    @ w.T. Every program forms the normed row itself while its weight slice is on its way."""
+    kernel fits, as copied_linear): returns h = residual + rms_norm(x) * x_weight [times scale], and
+    rms_norm(h) * out_weight @ w.T. Every program forms the normed row itself while its weight slice is on its way."""
     _check(x, w)
     for name, t in (("residual", residual), ("x_weight", x_weight), ("out_weight", out_weight)):
         if t.numel() != x.shape[1] or t.dtype != x.dtype:

@@ -120,8 +120,8 @@ def test_on_the_gpu_the_op_takes_the_kernel_within_bf16_rounding_of_a_float64_ma
 @pytest.mark.parametrize("n, k, scaled", [(3072, 2560, True), (2048, 2560, False), (2560, 1536, True)])
 def test_on_the_gpu_the_tail_and_the_next_projection_in_one_launch(monkeypatch, n, k, scaled):
     """`g4rt::add_norm_linear` at one row: one launch into NaN-poisoned outputs, h within a bf16 ulp (of its
-    largest value) of add_rms_norm's, the projection within bf16 rounding of the fp64 product of add_rms_norm's normed row; at two
-    rows add_rms_norm then skinny_linear, to the bit."""
+    largest value) of add_rms_norm's, the projection within bf16 rounding of the fp64 product of add_rms_norm's
+    normed row; at two rows add_rms_norm then skinny_linear, to the bit."""
     from g4rt.plugins import triton_norm as tn
     dev = torch.device("cuda")
     g = torch.Generator(device=dev).manual_seed(n + k)
