@@ -38,6 +38,7 @@ BLOCK_K = 256  # columns a copy box (the copy engine's widest box); x is read as
 NUM_WARPS = 4
 SLICE_BYTES = 96 << 10  # a program's weight slice: two programs an SM (this launch's and the next's) in 227 KB
 COPIES_MAX_BYTES = 16 << 20  # the E4B's packed q/k/v (15 MiB) and o_proj; its 50 MiB down_proj streams
+W_LAYOUT = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)  # a weight box in shared memory
 
 
 @gluon.jit
@@ -116,7 +117,7 @@ def kernel_fits(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
             and BLOCK_N * k * 2 <= SLICE_BYTES)
 
 
-def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype, sms: int = 132) -> bool:
+def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype, sms: int) -> bool:
     """Whether `g4rt::skinny_linear` gives the kernel such a launch on a Hopper GPU of `sms` SMs (`copies_take`): it
     `kernel_fits`, the weight is within COPIES_MAX_BYTES, and there is a program for at least half the SMs (a narrower
     weight, the MoE router's 128 outputs, would be read by a few SMs)."""
@@ -138,8 +139,7 @@ def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
 
 def weight_descriptor(w: torch.Tensor) -> TensorDescriptor:
     """The copy engine's view of w [N, K] (bf16, contiguous), read in [BLOCK_N, BLOCK_K] boxes."""
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
-    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK_N, BLOCK_K], layout)
+    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK_N, BLOCK_K], W_LAYOUT)
 
 
 def _check(x: torch.Tensor, w: torch.Tensor) -> None:

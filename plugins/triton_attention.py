@@ -254,9 +254,10 @@ def await_inputs(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
 
 @triton.jit
 def launch_next(PDL: tl.constexpr):
-    """With PDL: let the next kernel launch (at the latest it does when this one ends). A kernel whose reads are a
-    chain of round trips calls it after them: the next kernel's programs start by asking for their weights
-    (gluon_gemv.py copies whole slices), and reads queued behind those copies take that much longer."""
+    """With PDL: let the next kernel launch (at the latest it does when this one ends). A short kernel whose reads
+    are its critical path calls it after them: the next kernel's programs start by reading their weights (a first
+    tile, or gluon_gemv.py's whole slices), and reads queued behind those take that much longer (the norm kernel's
+    launch on the H200: 3.3 -> 1.7 us with its reads in one round trip, export/results session 26)."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 

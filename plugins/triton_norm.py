@@ -238,7 +238,7 @@ def _add_rms_norm_kernel(res_ptr, x_ptr, xw_ptr, scale_ptr, ow_ptr, h_ptr, out_p
     h = (res + y.to(dtype).to(tl.float32)).to(dtype)
     if HAS_SCALE:  # the layer_scalar: eager rounds the sum, then the product
         h = (h.to(tl.float32) * scale).to(dtype)
-    launch_next(PDL)  # after the reads: at batch 1 the q/k/v's weight copies follow (gluon_gemv.py)
+    launch_next(PDL)  # after the reads: the next kernel's first act is to read its weights (launch_next)
     tl.store(h_ptr + at, h, mask=ok)
     if HAS_OUT:
         hf = h.to(tl.float32)

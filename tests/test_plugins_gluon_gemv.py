@@ -22,21 +22,22 @@ ON_HOPPER = not ta.interpreting() and torch.cuda.is_available() and ta.hopper(to
 # [N, K] of the E4B's and E2B's projections the rule gives the kernel: sliding packed q/k/v, sliding o_proj, PLE
 # projection, KV-shared q_proj.
 SHAPES = [(3072, 2560), (2560, 2048), (2560, 256), (2048, 2560), (2560, 1536), (1536, 2048), (1536, 256)]
+SMS = ta.sm_count(torch.device("cpu"))  # an H200's, as the op counts them off CUDA
 
 
 def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
     bf16 = torch.bfloat16
-    assert all(gg.copies_fit(1, n, k, bf16) for n, k in SHAPES)
-    assert not gg.copies_fit(2, 3072, 2560, bf16)  # a second row: the Triton kernel
-    assert not gg.copies_fit(1, 3072, 2560, torch.float32) and not gg.copies_fit(1, 3072, 2560, torch.float16)
-    assert not gg.copies_fit(1, 3080, 2560, bf16) and not gg.copies_fit(1, 3072, 2600, bf16)  # partial boxes
-    assert not gg.copies_fit(1, 2560, 4096, bf16)  # the E4B's full o_proj: a 128 KB slice a program
-    assert not gg.copies_fit(1, 6144, 2560, bf16)  # the E4B's full q/k/v: 30 MiB, streamed
-    assert not gg.copies_fit(1, 2560, 10240, bf16) and not gg.copies_fit(1, 16, 0, bf16)
-    assert not gg.copies_fit(1, 128, 2816, bf16)  # the 26B-A4B's router: 8 programs
+    assert all(gg.copies_fit(1, n, k, bf16, SMS) for n, k in SHAPES)
+    assert not gg.copies_fit(2, 3072, 2560, bf16, SMS)  # a second row: the Triton kernel
+    assert not any(gg.copies_fit(1, 3072, 2560, dtype, SMS) for dtype in (torch.float32, torch.float16))
+    assert not gg.copies_fit(1, 3080, 2560, bf16, SMS) and not gg.copies_fit(1, 3072, 2600, bf16, SMS)  # partial boxes
+    assert not gg.copies_fit(1, 2560, 4096, bf16, SMS)  # the E4B's full o_proj: a 128 KB slice a program
+    assert not gg.copies_fit(1, 6144, 2560, bf16, SMS)  # the E4B's full q/k/v: 30 MiB, streamed
+    assert not gg.copies_fit(1, 2560, 10240, bf16, SMS) and not gg.copies_fit(1, 16, 0, bf16, SMS)
+    assert not gg.copies_fit(1, 128, 2816, bf16, SMS)  # the 26B-A4B's router: 8 programs
     assert gg.kernel_fits(1, 128, 2816, bf16) and gg.kernel_fits(1, 6144, 2560, bf16)  # runs, not the op's choice
     assert not gg.kernel_fits(1, 2560, 4096, bf16) and not gg.kernel_fits(2, 3072, 2560, bf16)
-    assert gg.copies_fit(1, 1056, 2816, bf16) and not gg.copies_fit(1, 1056, 2816, bf16, sms=133)  # 66 programs
+    assert gg.copies_fit(1, 1056, 2816, bf16, SMS) and not gg.copies_fit(1, 1056, 2816, bf16, sms=133)  # 66 programs
 
 
 def test_off_a_hopper_gpu_the_op_keeps_the_triton_kernel_and_the_launch_is_refused_by_shape():
