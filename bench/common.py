@@ -139,6 +139,15 @@ def ceilings(quick):
 CARVEOUT_ATTRIBUTE = 9  # CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT (cuda.h)
 
 
+def compile_health() -> dict:
+    """Dynamo's frames since the process started (compiled, tried) and how many times a frame hit its recompile
+    limit, past which Dynamo runs that code eager without failing: a benchmark of a compiled engine states both."""
+    from torch._dynamo.utils import counters
+
+    return {"dynamo_frames_ok": counters["frames"]["ok"], "dynamo_frames": counters["frames"]["total"],
+            "recompile_limit_hits": sum(n for k, n in counters["unimplemented"].items() if "recompile limit" in k.lower())}
+
+
 def prefer_shared_carveout(percent: int, lib=None) -> None:
     """Every Triton and Gluon kernel loaded from now on prefers `percent` % of its SM's L1/shared memory as shared
     memory (cuFuncSetAttribute on the loaded function; `lib`, libcuda by default). Why an arm of its own: Triton's

@@ -50,7 +50,8 @@ from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
 from . import runtime as rb
-from .common import ceilings, first_differences, log_json, prefer_shared_carveout, sync, time_to_first_token
+from .common import (ceilings, compile_health, first_differences, log_json, prefer_shared_carveout, sync,
+                     time_to_first_token)
 
 
 def weight_bytes_per_step(model, batch: int = 1) -> int:
@@ -825,7 +826,7 @@ def main(argv=None) -> int:
                          model, b, a.prompt_len + a.new_tokens // 2, ceil)["roofline_tok_s_total"], 3),
                      "ttft_s": round(r["ttft_s"], 3), "stage_s": round(time.perf_counter() - t, 1),
                      "warmup_s": r["warmup_s"], "tokens_equal_eager": None if eager is None else r["tokens"] == eager,
-                     "first_difference_at": first_differences(r["tokens"], eager or [])})
+                     "first_difference_at": first_differences(r["tokens"], eager or []), **compile_health()})
                 ok &= eager is None or r["tokens"] == eager
                 if a.profile and name == "inductor":
                     log(decode_profile(llm.engine, model, b, wbytes))

@@ -101,6 +101,38 @@ def test_layers_of_one_shape_share_compiled_graphs():
     assert counters["frames"]["ok"] == counters["frames"]["total"] == 5
 
 
+def test_kv_shared_layers_stay_compiled_in_decode():
+    """The E4B's layers are of 5 kinds (the first, sliding, full, and KV-shared sliding and full), each compiled for
+    one row and for more: 10 compiles of `attention_inputs`, past Dynamo's default limit of 8, beyond which the
+    KV-shared layers' decode ran eager. The engine raises the limit to what the model needs; a prefill and a
+    one-row decode then compile every piece and run nothing eager."""
+    from torch._dynamo.utils import counters
+
+    from g4rt.models.linear_cache import LinearCache
+    from g4rt.runtime.engines.inductor import ROW_CLASSES, layer_kinds
+
+    torch._dynamo.reset()
+    counters.clear()
+    default = torch._dynamo.config.recompile_limit
+    model = random_model(tiny_config("e4b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3)
+    assert layer_kinds(model) == 5
+    try:
+        view = _with_compiled_layers(model, "default")
+        assert torch._dynamo.config.recompile_limit == max(default, ROW_CLASSES * 5)
+        ids = torch.arange(3, 20)
+        with torch.inference_mode():
+            cache = LinearCache()
+            cache.begin_step([0], [len(ids)])
+            view(ids, torch.arange(len(ids)), cache)
+            cache.begin_step([0], [1])
+            view(torch.tensor([5]), torch.tensor([len(ids)]), cache)
+    finally:
+        torch._dynamo.config.recompile_limit = default
+    assert not [k for k in counters["unimplemented"] if "recompile limit" in k]
+    # attention_inputs: 5 kinds x 2 row classes; after_attention: sliding and full x 2
+    assert counters["frames"]["ok"] == counters["frames"]["total"] == 14
+
+
 def test_decode_padding_to_a_bucket_changes_nothing_real():
     """The CUDA-graph decode path pads a step to a bucket (here 3 sequences to 4, tables to 8 columns)
     with dummy rows (DecodeInputs). Run eagerly on CPU: the real rows' logits match the unpadded step's

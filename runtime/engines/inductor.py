@@ -86,14 +86,30 @@ class ArenaStep(torch.nn.Module):
         return self.paged(self.arena, *batch)
 
 
+# Row counts Dynamo compiles a piece apart for, with dynamic shapes: one row (it specialises sizes of 1) and more.
+ROW_CLASSES = 2
+
+
+def layer_kinds(model) -> int:
+    """How many decoder layers differ in what a compiled piece sees: their parameters' names and shapes (a
+    KV-shared layer has no k/v projections or norms; sliding and full layers differ in head dims), and
+    whether a layer before hands it a pending residual step (the first layer's has none)."""
+    return len({(i == 0, tuple((name, tuple(p.shape)) for name, p in layer.named_parameters()))
+                for i, layer in enumerate(model.layers)})
+
+
 def _with_compiled_layers(model, mode: str):
     """A shallow copy of `model` whose decoder layers run compiled, weights shared with `model` (whose
     own layers stay eager: a benchmark compares the two on one set of weights).
 
     Compiled are the layer's two pieces around the attention call (`DecoderLayer.attention_inputs`,
     `after_attention`), not the layer: the attention call reads the layer index for its cache offsets,
-    which would make Dynamo specialise, and recompile, per layer (past its recompile limit of 8 it falls
-    back to eager). The pieces read no index, so each compiles once per layer shape."""
+    which would make Dynamo specialise, and recompile, per layer (past its recompile limit it falls
+    back to eager). The pieces read no index, so each compiles once per layer kind (`layer_kinds`) and row
+    class. Dynamo's cache is per code object, shared by every layer, and its default limit of 8 is fewer
+    than the E4B's and E2B's 5 kinds x 2 classes: the limit is raised to what the model needs, never lowered."""
+    limit = ROW_CLASSES * layer_kinds(model)
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, limit)
     view = copy.copy(model)
     view._modules = dict(model._modules)
     layers = []

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# H200 calls of session 27: the KV-shared layers' compiled pieces (Dynamo's recompile limit had sent them eager)
+# and the shared-memory carveout. One PART per call:
+#
+#   b1   $MODELS (default e4b) at batch 1, arms $ARMS alternated (default base new carve, three rounds), a process
+#        each of at most $B1_CAP seconds (default 100): `bench.engine --config M --skip-hf --batches 1 --new-tokens 32
+#        --profile`. Arm new is this tree; carve is this tree with `--shared-carveout 100` (every Triton/Gluon kernel
+#        prefers all of its SM's L1 as shared memory); any other arm A is ab/A, a `git archive` of another tree.
+#
+# The calls:
+#   (see the results README, session 27)
+#
+#     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm
+#     bash export/results/s27_h200.sh PART [budget_s]      # default 570 s; results under $OUT
+PART=${1:?PART: b1}
+BUDGET=${2:-570}
+TAG=s27-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  b1) for m in ${MODELS:-e4b}; do
+        n=0
+        for a in ${ARMS:-base new carve base new carve base new carve}; do
+          n=$((n + 1))
+          args=(engine --config "$m" --skip-hf --batches 1 --new-tokens 32 --profile)
+          case $a in
+            carve) run_arm /tmp/pkg carve $n "b1_$m" "${B1_CAP:-100}" "${args[@]}" --shared-carveout 100 ;;
+            *) arm "$a" $n "b1_$m" "${B1_CAP:-100}" "${args[@]}" ;;
+          esac
+        done
+      done ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
