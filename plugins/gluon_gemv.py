@@ -86,6 +86,10 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_p
     mbarrier.expect(bar, NT * BN * BK * 2)
     for t in gl.static_range(NT):
         _tma_load(w_desc, [pid * BN, t * BK], bar, w_smem.index(t))
+    # The next launch may start now, before this one waits: its own wait still holds its reads of what this one
+    # writes until this one has ended, and this one cannot end before the one before it has. So its weight copies
+    # can start two launches early, while the kernel this one waits for runs.
+    tl.extra.cuda.gdc_launch_dependents()
     at, ok = x_tile(NT, XP, BK, layout)
     if NORM:  # the norms' weights and the layer scalar: nothing writes them
         xw = gl.load(xw_ptr + at, mask=ok, other=0.0).to(gl.float32)
@@ -93,7 +97,6 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_p
         if HAS_SCALE:
             scale = gl.load(scale_ptr).to(gl.float32)
     tl.extra.cuda.gdc_wait()  # the kernel before wrote x (and the residual)
-    tl.extra.cuda.gdc_launch_dependents()
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
     if NORM:
         x = gl.load(x_ptr + at, mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)

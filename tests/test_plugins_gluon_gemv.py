@@ -67,7 +67,9 @@ lines = c.asm["ptx"].splitlines()
 waits = [i for i, l in enumerate(lines) if "griddepcontrol.wait" in l]
 copies = [i for i, l in enumerate(lines) if "cp.async.bulk.tensor" in l]
 loads = [i for i, l in enumerate(lines) if re.search(r"ld\\.global", l)]
+triggers = [i for i, l in enumerate(lines) if "griddepcontrol.launch_dependents" in l]
 print(json.dumps({"shared": c.metadata.shared, "waits": len(waits), "copies": len(copies),
+                  "triggers": len(triggers), "trigger_after_copies": max(copies) < triggers[0] < waits[0],
                   "copies_before": sum(i < waits[0] for i in copies), "loads_after": sum(i > waits[0] for i in loads),
                   "loads_before": sum(i < waits[0] for i in loads)}))
 """
@@ -76,7 +78,7 @@ print(json.dumps({"shared": c.metadata.shared, "waits": len(waits), "copies": le
 @pytest.mark.parametrize("k, norm", [(256, False), (2560, False), (2560, True)])
 def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k, norm):
     """A subprocess without TRITON_INTERPRET: the slice's K / BLOCK_K copies are all asked before the program waits
-    for the kernel before it, and the shared memory is the slice and x within SLICE_BYTES and 8 KB. Without the
+    for the kernel before it, the next launch is let in after them and before the wait, and the shared memory is the slice and x within SLICE_BYTES and 8 KB. Without the
     residual step nothing is read before the wait; with it, the norms' weights and the layer scalar are (nothing
     writes them), x and the residual after it, as many loads as the two weights."""
     env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
@@ -85,6 +87,7 @@ def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_aft
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["waits"] == 1 and got["copies"] == got["copies_before"] == k // gg.BLOCK_K
+    assert got["triggers"] == 1 and got["trigger_after_copies"]
     assert gg.BLOCK_N * k * 2 <= got["shared"] <= gg.SLICE_BYTES + (8 << 10)
     if norm:
         assert got["loads_before"] == got["loads_after"] + 1  # the two weights and the scalar; x and the residual

@@ -2,7 +2,8 @@
 # H200 calls of session 27: the KV-shared layers' compiled pieces (Dynamo's recompile limit had sent them eager)
 # and the shared-memory carveout. One PART per call:
 #
-#   b1   $MODELS (default e4b) at batch 1, arms $ARMS alternated (default base new carve, three rounds), a process
+#   b1   with GPU_TESTS=1 first the Gluon kernel's tests (`pytest tests/test_plugins_gluon_gemv.py`), then
+#        $MODELS (default e4b) at batch 1, arms $ARMS alternated (default base new carve, three rounds), a process
 #        each of at most $B1_CAP seconds (default 100): `bench.engine --config M --skip-hf --batches 1 --new-tokens 32
 #        --profile`. Arm new is this tree; carve is this tree with `--shared-carveout 100` (every Triton/Gluon kernel
 #        prefers all of its SM's L1 as shared memory); any other arm A is ab/A, a `git archive` of another tree.
@@ -18,7 +19,11 @@ TAG=s27-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
-  b1) for m in ${MODELS:-e4b}; do
+  b1) if [ "${GPU_TESTS:-0}" = 1 ]; then
+        run_part gpu_tests 120 python3 -m pytest -q -p no:cacheprovider tests/test_plugins_gluon_gemv.py
+        tail -3 "$OUT/gpu_tests.log"
+      fi
+      for m in ${MODELS:-e4b}; do
         n=0
         for a in ${ARMS:-base new carve base new carve base new carve}; do
           n=$((n + 1))
