@@ -32,6 +32,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_attention import _sync, _tma_load
 from .triton_attention import hopper, interpreting, sm_count
+from .triton_norm import gelu_tanh_rounded
 
 BLOCK_N = 16  # weight rows (output columns) a program: the most programs for a small weight, 2 an SM with the next
 BLOCK_K = 256  # columns a copy box (the copy engine's widest box); x is read as [K / BLOCK_K, BLOCK_K]
@@ -50,16 +51,23 @@ def x_tile(NT: gl.constexpr, XP: gl.constexpr, BK: gl.constexpr, layout: gl.cons
 
 
 @gluon.jit
-def slice_sums(out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, layout: gl.constexpr):
-    """out[col0 : col0 + BN] = the weight slice in w_smem[first : first + NT] (once `bar` completes `phase`) times x
-    in x_smem [XP, BK]: fp32 sums on the CUDA cores tile by tile, rounded to bf16."""
+def slice_dot(bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.constexpr, layout: gl.constexpr):
+    """The weight slice in w_smem[first : first + NT] (once `bar` completes `phase`) times x in x_smem [XP, BK]: BN
+    fp32 sums on the CUDA cores, tile by tile."""
     _sync()  # x whole in shared memory before any thread reads another's columns
     mbarrier.wait(bar, phase)
     acc = gl.zeros([BN], gl.float32, gl.SliceLayout(1, layout))
     for t in gl.static_range(NT):
         x = x_smem.slice(t, 1).load(layout).to(gl.float32)  # [1, BK]
         acc += gl.sum(w_smem.index(first + t).load(layout).to(gl.float32) * x, axis=1)
+    return acc
+
+
+@gluon.jit
+def slice_sums(out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.constexpr,
+               BK: gl.constexpr, layout: gl.constexpr):
+    """out[col0 : col0 + BN] = `slice_dot`, rounded to bf16."""
+    acc = slice_dot(bar, phase, w_smem, first, x_smem, NT, BN, layout)
     gl.store(out_ptr + col0 + gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), acc.to(gl.bfloat16))
 
 
@@ -70,13 +78,14 @@ def _rms(v, K, eps):
 
 
 @gluon.jit
-def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_ptr, h_ptr, eps, K,
+def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_ptr, h_ptr, up_ptr, eps, K,
                         NT: gl.constexpr, XP: gl.constexpr, BN: gl.constexpr, BK: gl.constexpr, NORM: gl.constexpr,
-                        HAS_SCALE: gl.constexpr, NUM_WARPS: gl.constexpr):
+                        HAS_SCALE: gl.constexpr, GELU: gl.constexpr, NUM_WARPS: gl.constexpr):
     """Program p: out[p BN : (p + 1) BN] = w[p BN : (p + 1) BN] z, its NT boxes [BN, BK] of w asked of the copy
-    engine before the program waits for the kernel before it (nothing writes weights); z read after. z is x, or
-    with NORM the residual step add_rms_norm forms (plugins/triton_norm.py, its roundings): h = residual +
-    rms_norm(x) * xw [times scale], z = rms_norm(h) * ow; every program forms z whole, program 0 stores h."""
+    engine before the program waits for the kernel before it (nothing writes weights); z read after. z is x, or the
+    residual step add_normed forms (plugins/triton_norm.py, its roundings), h = residual + rms_norm(x) * xw [times
+    scale]: with NORM == 1 z = h, with NORM == 2 z = rms_norm(h) * ow; every program forms z whole, program 0 stores
+    h. With GELU the output is gelu_tanh(the rounded sums) * up, rounded as the Triton kernel's epilogue rounds it."""
     pid = gl.program_id(0)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
     w_smem = gl.allocate_shared_memory(gl.bfloat16, [NT, BN, BK], w_desc.layout)
@@ -91,25 +100,32 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_p
     # can start two launches early, while the kernel this one waits for runs.
     tl.extra.cuda.gdc_launch_dependents()
     at, ok = x_tile(NT, XP, BK, layout)
-    if NORM:  # the norms' weights and the layer scalar: nothing writes them
+    if NORM > 0:  # the norms' weights and the layer scalar: nothing writes them
         xw = gl.load(xw_ptr + at, mask=ok, other=0.0).to(gl.float32)
-        ow = gl.load(ow_ptr + at, mask=ok, other=0.0).to(gl.float32)
+        if NORM == 2:
+            ow = gl.load(ow_ptr + at, mask=ok, other=0.0).to(gl.float32)
         if HAS_SCALE:
             scale = gl.load(scale_ptr).to(gl.float32)
     tl.extra.cuda.gdc_wait()  # the kernel before wrote x (and the residual)
     x_smem = gl.allocate_shared_memory(gl.bfloat16, [XP, BK], gl.SwizzledSharedLayout(1, 1, 1, [1, 0]))
-    if NORM:
+    if NORM > 0:
         x = gl.load(x_ptr + at, mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
         res = gl.load(res_ptr + at, mask=ok, other=0.0, cache_modifier=".cg").to(gl.float32)
         h = (res + (x / _rms(x, K, eps) * xw).to(gl.bfloat16).to(gl.float32)).to(gl.bfloat16)
         if HAS_SCALE:  # eager rounds the sum, then the product
             h = (h.to(gl.float32) * scale).to(gl.bfloat16)
         gl.store(h_ptr + at, h, mask=ok & (pid == 0))
-        hf = h.to(gl.float32)
-        x_smem.store((hf / _rms(hf, K, eps) * ow).to(gl.bfloat16))
+        if NORM == 2:
+            hf = h.to(gl.float32)
+            h = (hf / _rms(hf, K, eps) * ow).to(gl.bfloat16)
+        x_smem.store(h)
     else:
         x_smem.store(gl.load(x_ptr + at, mask=ok, other=0.0, cache_modifier=".cg"))
-    slice_sums(out_ptr, pid * BN, bar, 0, w_smem, 0, x_smem, NT, BN, BK, layout)
+    cols = pid * BN + gl.arange(0, BN, layout=gl.SliceLayout(1, layout))
+    y = slice_dot(bar, 0, w_smem, 0, x_smem, NT, BN, layout).to(gl.bfloat16)
+    if GELU:
+        y = gelu_tanh_rounded(y.to(gl.float32), gl.load(up_ptr + cols).to(gl.float32), out_ptr)
+    gl.store(out_ptr + cols, y)
     mbarrier.invalidate(bar)
 
 
@@ -140,6 +156,14 @@ def copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
     return _on_hopper(x, w) and copies_fit(x.shape[0], *w.shape, w.dtype, sm_count(x.device))
 
 
+def gate_copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Whether `g4rt::add_norm_gelu_linear` runs the PLE gate, x [M, K] against w [N, K], through this kernel:
+    `copies_fit` but for the half-the-SMs bound. The gate's 256 outputs are 16 programs, whose copies (1.3 MB on
+    the E4B) finish during the long down_proj before it; after the wait they read only the residual step's rows."""
+    return (_on_hopper(x, w) and kernel_fits(x.shape[0], *w.shape, w.dtype)
+            and w.numel() * w.element_size() <= COPIES_MAX_BYTES)
+
+
 def weight_descriptor(w: torch.Tensor) -> TensorDescriptor:
     """The copy engine's view of w [N, K] (bf16, contiguous), read in [BLOCK_N, BLOCK_K] boxes."""
     return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK_N, BLOCK_K], W_LAYOUT)
@@ -152,14 +176,18 @@ def _check(x: torch.Tensor, w: torch.Tensor) -> None:
                          f"GPU; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype} on {x.device}")
 
 
-def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | None = None) -> None:
-    """The kernel over w's column blocks; `norm`: (residual, x_weight, out_weight, scale or None, h, eps)."""
+def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | None = None,
+            up: torch.Tensor | None = None) -> None:
+    """The kernel over w's column blocks; `norm`: (residual, x_weight, out_weight or None, scale or None, h, eps);
+    `up`: the GELU's other factor [1, N] (unit column stride)."""
     N, K = w.shape
     nt = K // BLOCK_K
-    res, xw, ow, scale, h, eps = norm or (x, x, x, None, x, 0.0)
-    _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, res, xw, ow, x if scale is None else scale, h,
-                                         float(eps), K, NT=nt, XP=triton.next_power_of_2(nt), BN=BLOCK_N, BK=BLOCK_K,
-                                         NORM=norm is not None, HAS_SCALE=scale is not None, NUM_WARPS=NUM_WARPS,
+    res, xw, ow, scale, h, eps = norm or (x, x, None, None, x, 0.0)
+    mode = 0 if norm is None else 1 if ow is None else 2
+    _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, res, xw, x if ow is None else ow,
+                                         x if scale is None else scale, h, x if up is None else up, float(eps), K,
+                                         NT=nt, XP=triton.next_power_of_2(nt), BN=BLOCK_N, BK=BLOCK_K, NORM=mode,
+                                         HAS_SCALE=scale is not None, GELU=up is not None, NUM_WARPS=NUM_WARPS,
                                          num_warps=NUM_WARPS, launch_pdl=True)
 
 
@@ -179,13 +207,36 @@ def copied_add_norm_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: to
     """add_rms_norm (plugins/triton_norm.py) and the projection of its normed output by w, one launch (where the
     kernel fits, as copied_linear): returns h = residual + rms_norm(x) * x_weight [times scale], and
     rms_norm(h) * out_weight @ w.T. Every program forms the normed row itself while its weight slice is on its way."""
-    _check(x, w)
-    for name, t in (("residual", residual), ("x_weight", x_weight), ("out_weight", out_weight)):
-        if t.numel() != x.shape[1] or t.dtype != x.dtype:
-            raise ValueError(f"copied_add_norm_linear's {name} must hold {x.shape[1]} {x.dtype} values like x's row, "
-                             f"got {tuple(t.shape)} {t.dtype}")
+    _check_step(x, w, residual=residual, x_weight=x_weight, out_weight=out_weight)
     x, residual = x.contiguous(), residual.contiguous()
     h = torch.empty_like(residual)
     out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device) if out is None else out
     _launch(w, x, out, (residual, x_weight.contiguous(), out_weight.contiguous(), scale, h, eps))
     return h, out
+
+
+def copied_add_norm_gelu_linear(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, eps: float,
+                                w: torch.Tensor, up: torch.Tensor,
+                                out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The PLE gate after the MLP's residual step, one launch (where the kernel fits, as copied_linear): returns
+    h = residual + rms_norm(x) * x_weight and gelu_tanh(h @ w.T) * up, rounded as `g4rt::add_norm_gelu_linear`'s
+    Triton epilogue rounds them. Its weight is small and the launch before it (the down_proj) long, so its copies
+    are in shared memory before that one ends."""
+    _check_step(x, w, residual=residual, x_weight=x_weight)
+    if up.shape != (1, w.shape[0]) or up.dtype != x.dtype or up.stride(-1) != 1:
+        raise ValueError(f"copied_add_norm_gelu_linear's up must be [1, {w.shape[0]}] {x.dtype} with unit column "
+                         f"stride, got {tuple(up.shape)} {up.dtype} stride {tuple(up.stride())}")
+    x, residual = x.contiguous(), residual.contiguous()
+    h = torch.empty_like(residual)
+    out = torch.empty((1, w.shape[0]), dtype=x.dtype, device=x.device) if out is None else out
+    _launch(w, x, out, (residual, x_weight.contiguous(), None, None, h, eps), up)
+    return h, out
+
+
+def _check_step(x: torch.Tensor, w: torch.Tensor, **rows: torch.Tensor) -> None:
+    """`_check`, and each of `rows` (the residual step's vectors) one row of x's length and dtype."""
+    _check(x, w)
+    for name, t in rows.items():
+        if t.numel() != x.shape[1] or t.dtype != x.dtype:
+            raise ValueError(f"the residual step's {name} must hold {x.shape[1]} {x.dtype} values like x's row, "
+                             f"got {tuple(t.shape)} {t.dtype}")

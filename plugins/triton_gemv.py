@@ -32,7 +32,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gluon_gemv import copied_add_norm_linear, copied_linear, copies_take
+from .gluon_gemv import copied_add_norm_gelu_linear, copied_add_norm_linear, copied_linear, copies_take, gate_copies_take
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
@@ -425,7 +425,10 @@ def _add_norm_gelu_linear_op(residual: torch.Tensor, x: torch.Tensor, x_weight: 
     gelu_linear of h (the PLE gate) or, with out_weight, of rms_norm(h) * out_weight (the MLP after the
     attention's residual step). Returns (h, the GELU). Where gelu_linear is one launch (`_epilogue_takes`), the
     residual step is that launch's prologue too (ResidualNorm): one kernel where there were two; else the
-    norm kernel, then gelu_linear."""
+    norm kernel, then gelu_linear. The PLE gate at one row on a Hopper GPU is the copied kernel's launch
+    (gluon_gemv.gate_copies_take), its weight in shared memory before it waits."""
+    if out_weight is None and up is not None and gate_copies_take(x, w):
+        return copied_add_norm_gelu_linear(residual, x, x_weight, eps, w, _unit_stride(up))
     if not _epilogue_takes(x, w, up):
         if out_weight is None:
             h = z = add_normed(residual, x, x_weight, eps)

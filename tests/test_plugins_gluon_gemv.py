@@ -43,9 +43,11 @@ def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
 def test_off_a_hopper_gpu_the_op_keeps_the_triton_kernel_and_the_launch_is_refused_by_shape():
     x = torch.randn(1, 2560, dtype=torch.bfloat16)
     w = torch.randn(3072, 2560, dtype=torch.bfloat16)
-    assert not gg.copies_take(x, w)
+    assert not gg.copies_take(x, w) and not gg.gate_copies_take(x, w[:256])
     with pytest.raises(ValueError, match=r"got x \(1, 2560\) torch.bfloat16, w \(3072, 2560\)"):
         gg.copied_linear(x, w)
+    with pytest.raises(ValueError, match=r"got x \(1, 2560\) torch.bfloat16, w \(256, 2560\)"):
+        gg.copied_add_norm_gelu_linear(x, x, x[0], 1e-6, w[:256], x[:, :256])
 
 
 COMPILE = """
@@ -54,12 +56,12 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
 from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, BLOCK_N, NUM_WARPS
-k, norm = int(sys.argv[1]), sys.argv[2] == "1"
+k, norm, gelu = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
 sig = {a: "*bf16" for a in fn.arg_names}
 sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", eps="fp32", K="i32")
 const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=BLOCK_N, BK=BLOCK_K, NORM=norm,
-             HAS_SCALE=norm, NUM_WARPS=NUM_WARPS)
+             HAS_SCALE=norm == 2, GELU=gelu, NUM_WARPS=NUM_WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
                    options={"num_warps": NUM_WARPS})
@@ -75,22 +77,26 @@ print(json.dumps({"shared": c.metadata.shared, "waits": len(waits), "copies": le
 """
 
 
-@pytest.mark.parametrize("k, norm", [(256, False), (2560, False), (2560, True)])
-def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k, norm):
+@pytest.mark.parametrize("k, norm, gelu", [(256, 0, False), (2560, 0, False), (2560, 2, False), (2560, 1, True)])
+def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k, norm, gelu):
     """A subprocess without TRITON_INTERPRET: the slice's K / BLOCK_K copies are all asked before the program waits
-    for the kernel before it, the next launch is let in after them and before the wait, and the shared memory is the slice and x within SLICE_BYTES and 8 KB. Without the
-    residual step nothing is read before the wait; with it, the norms' weights and the layer scalar are (nothing
-    writes them), x and the residual after it, as many loads as the two weights."""
+    for the kernel before it, the next launch is let in after them and before the wait, and the shared memory is
+    the slice and x within SLICE_BYTES and 8 KB. Without the residual step nothing is read before the wait; with it
+    (NORM 2, the layer's tail), the norms' weights and the layer scalar are (nothing writes them), x and the
+    residual after it, as many loads as the two weights; the PLE gate's step (NORM 1, GELU) reads its one weight
+    before, and x, the residual and the GELU's other factor after."""
     env = {n: v for n, v in os.environ.items() if n != "TRITON_INTERPRET"}
-    r = subprocess.run([sys.executable, "-c", COMPILE, str(k), str(int(norm))], capture_output=True, text=True,
-                       timeout=600, env=env)
+    r = subprocess.run([sys.executable, "-c", COMPILE, str(k), str(norm), str(int(gelu))], capture_output=True,
+                       text=True, timeout=600, env=env)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["waits"] == 1 and got["copies"] == got["copies_before"] == k // gg.BLOCK_K
     assert got["triggers"] == 1 and got["trigger_after_copies"]
     assert gg.BLOCK_N * k * 2 <= got["shared"] <= gg.SLICE_BYTES + (8 << 10)
-    if norm:
+    if norm == 2:
         assert got["loads_before"] == got["loads_after"] + 1  # the two weights and the scalar; x and the residual
+    elif norm == 1:
+        assert got["loads_before"] > 0 and got["loads_after"] > 2 * got["loads_before"]
     else:
         assert got["loads_before"] == 0 and got["loads_after"] >= 1
 
@@ -149,3 +155,35 @@ def test_on_the_gpu_the_tail_and_the_next_projection_in_one_launch(monkeypatch, 
     h2, y2 = torch.ops.g4rt.add_norm_linear(res, x, xw, ow, 1e-6, scale, w)
     h_two, z_two = tn.add_rms_norm(res, x, xw, ow, 1e-6, scale)
     assert taken == [1] and torch.equal(h2, h_two) and torch.equal(y2, torch.ops.g4rt.skinny_linear(z_two, w))
+
+
+@pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles "
+                                          "it for sm_90 instead")
+@pytest.mark.parametrize("k", [2560, 1536])
+def test_on_the_gpu_the_ple_gate_and_its_residual_step_in_one_launch(monkeypatch, k):
+    """`g4rt::add_norm_gelu_linear` for the PLE gate (no second norm, `up` a row-strided view like a layer's slice of
+    the per-layer inputs) at one row: one launch into NaN-poisoned outputs, h within a bf16 ulp of add_normed's, the
+    gated GELU within bf16 rounding of an fp64 one of add_normed's h; at two rows the Triton kernel."""
+    from g4rt.models.blocks import add_normed
+    dev = torch.device("cuda")
+    g = torch.Generator(device=dev).manual_seed(k)
+    res, x = (torch.randn(2, k, device=dev, generator=g).bfloat16() for _ in range(2))
+    xw = torch.rand(k, device=dev, generator=g).bfloat16() + 0.5
+    w = (torch.randn(256, k, device=dev, generator=g) / k ** 0.5).bfloat16()
+    up = torch.randn(2, 3, 256, device=dev, generator=g).bfloat16()[:, 1]  # row stride 768, unit column stride
+    want_h = add_normed(res[:1], x[:1], xw, 1e-6)
+    gate = (want_h.double() @ w.double().T).bfloat16().double()
+    want = torch.nn.functional.gelu(gate, approximate="tanh") * up[:1].double()
+    out = torch.full((1, 256), float("nan"), device=dev, dtype=torch.bfloat16)
+    h, y = gg.copied_add_norm_gelu_linear(res[:1], x[:1], xw, 1e-6, w, up[:1], out=out)
+    assert y is out and torch.isfinite(y).all() and torch.isfinite(h).all()
+    ulp = torch.finfo(torch.bfloat16).eps
+    assert (h.float() - want_h.float()).abs().max().item() <= ulp * want_h.float().abs().max().item()
+    assert (y.double() - want).abs().max().item() <= 8 * ulp * want.abs().max().item()
+    taken = []
+    launch = tg.copied_add_norm_gelu_linear
+    monkeypatch.setattr(tg, "copied_add_norm_gelu_linear", lambda *a: taken.append(1) or launch(*a))
+    h1, y1 = torch.ops.g4rt.add_norm_gelu_linear(res[:1], x[:1], xw, None, 1e-6, w, up[:1])
+    assert taken == [1] and torch.equal(h1, h) and torch.equal(y1, y)
+    torch.ops.g4rt.add_norm_gelu_linear(res, x, xw, None, 1e-6, w, up)
+    assert taken == [1]
