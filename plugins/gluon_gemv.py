@@ -37,6 +37,7 @@ from .triton_norm import gelu_tanh_rounded
 BLOCK_N = 16  # weight rows (output columns) a program: the most programs for a small weight, 2 an SM with the next
 BLOCK_K = 256  # columns a copy box (the copy engine's widest box); x is read as [K / BLOCK_K, BLOCK_K]
 NUM_WARPS = 4
+GATE_WARPS = 8  # the PLE gate's 16 programs: twice the threads for the sums and norms left after the wait
 SLICE_BYTES = 96 << 10  # a program's weight slice: two programs an SM (this launch's and the next's) in 227 KB
 COPIES_MAX_BYTES = 16 << 20  # the E4B's packed q/k/v (15 MiB) and o_proj; its 50 MiB down_proj streams
 W_LAYOUT = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)  # a weight box in shared memory
@@ -184,11 +185,12 @@ def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | N
     nt = K // BLOCK_K
     res, xw, ow, scale, h, eps = norm or (x, x, None, None, x, 0.0)
     mode = 0 if norm is None else 1 if ow is None else 2
+    warps = NUM_WARPS if up is None else GATE_WARPS
     _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, res, xw, x if ow is None else ow,
                                          x if scale is None else scale, h, x if up is None else up, float(eps), K,
                                          NT=nt, XP=triton.next_power_of_2(nt), BN=BLOCK_N, BK=BLOCK_K, NORM=mode,
-                                         HAS_SCALE=scale is not None, GELU=up is not None, NUM_WARPS=NUM_WARPS,
-                                         num_warps=NUM_WARPS, launch_pdl=True)
+                                         HAS_SCALE=scale is not None, GELU=up is not None, NUM_WARPS=warps,
+                                         num_warps=warps, launch_pdl=True)
 
 
 def copied_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -55,16 +55,16 @@ import json, re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
-from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, BLOCK_N, NUM_WARPS
+from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, BLOCK_N, GATE_WARPS, NUM_WARPS
 k, norm, gelu = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
 layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
 sig = {a: "*bf16" for a in fn.arg_names}
 sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", eps="fp32", K="i32")
 const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=BLOCK_N, BK=BLOCK_K, NORM=norm,
-             HAS_SCALE=norm == 2, GELU=gelu, NUM_WARPS=NUM_WARPS)
+             HAS_SCALE=norm == 2, GELU=gelu, NUM_WARPS=GATE_WARPS if gelu else NUM_WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
-                   options={"num_warps": NUM_WARPS})
+                   options={"num_warps": const["NUM_WARPS"]})
 lines = c.asm["ptx"].splitlines()
 waits = [i for i, l in enumerate(lines) if "griddepcontrol.wait" in l]
 copies = [i for i, l in enumerate(lines) if "cp.async.bulk.tensor" in l]
