@@ -144,17 +144,18 @@ def compile_health() -> dict:
     limit, past which Dynamo runs that code eager without failing: a benchmark of a compiled engine states both."""
     from torch._dynamo.utils import counters
 
+    hits = sum(n for k, n in counters["unimplemented"].items() if "recompile limit" in k.lower())
     return {"dynamo_frames_ok": counters["frames"]["ok"], "dynamo_frames": counters["frames"]["total"],
-            "recompile_limit_hits": sum(n for k, n in counters["unimplemented"].items() if "recompile limit" in k.lower())}
+            "recompile_limit_hits": hits}
 
 
 def prefer_shared_carveout(percent: int, lib=None) -> None:
     """Every Triton and Gluon kernel loaded from now on prefers `percent` % of its SM's L1/shared memory as shared
     memory (cuFuncSetAttribute on the loaded function; `lib`, libcuda by default). Why an arm of its own: Triton's
-    launcher sets a preference only for kernels above 48 KB of shared memory, and an SM that runs a small kernel
-    under the driver's default carveout may not take a 90 KB program of the next launch until it drains, which
-    would keep a Gluon launch's weight copies (plugins/gluon_gemv.py) from starting early (export/results, session
-    26). Call it before the first kernel loads."""
+    launcher sets a preference only for kernels above 48 KB of shared memory, so an SM running a small kernel
+    under the driver's default carveout might not take a 90 KB program of the next launch until it drains. On the
+    H200 it changed nothing (E4B batch 1, export/results session 27: the late launch's cause was where the launch
+    before let it in). Call it before the first kernel loads."""
     import ctypes
 
     from triton import knobs

@@ -32,7 +32,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .gluon_gemv import copied_add_norm_gelu_linear, copied_add_norm_linear, copied_linear, copies_take, gate_copies_take
+from .gluon_gemv import (copied_add_norm_gelu_linear, copied_add_norm_linear, copied_linear, copies_take,
+                         gate_copies_take)
 from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 

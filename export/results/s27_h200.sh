@@ -9,7 +9,13 @@
 #        prefers all of its SM's L1 as shared memory); any other arm A is ab/A, a `git archive` of another tree.
 #
 # The calls:
-#   (see the results README, session 27)
+#   1  b1  budget 575, at 4f09e0a (the recompile limit), ab/base = a311cd1, MODELS=e4b, ARMS default
+#   2  b1  budget 580, at 72061b1 (the next launch let in before the wait), ab/prev = 4f09e0a, GPU_TESTS=1
+#          MODELS="e4b e2b" ARMS="prev new prev new prev new"
+#   3  b1  budget 560, at f78ca75 (the PLE gate as a copied launch), ab/mid = 72061b1, GPU_TESTS=1 MODELS="e4b e2b"
+#          ARMS="mid new mid new mid new"
+#   4  b1  budget 170, at 4d10d27 (the gate's launch with 8 warps), ab/w4 = ea9b72f (f78ca75's code), MODELS=e4b
+#          ARMS="w4 new w4 new" (the device time left), after `pytest -q tests/test_plugins_gluon_gemv.py -k ple_gate`
 #
 #     git archive --prefix=ab/base/g4rt/ REV | tar -x     # the base arm
 #     bash export/results/s27_h200.sh PART [budget_s]      # default 570 s; results under $OUT
