@@ -20,8 +20,8 @@ residual step after the MLP as prologue and the gated GELU as epilogue (`copied_
 `gate_copies_take`). A launch lets the next one in before its own wait, so a chain of them copies two launches
 ahead: E4B batch 1 on the H200 3.71 -> 3.57 ms a step with both (export/results, session 27). The sums are fp32
 on the CUDA cores in an order of their own, so the bits differ from the Triton kernel's (not from run to run); the
-eager and compiled engines call one op, so they compute the same bits. Gluon has no interpreter: CPU runs take the Triton kernel, and
-CI compiles this one for sm_90 (tests/test_plugins_gluon_gemv.py).
+eager and compiled engines call one op, so they compute the same bits. Gluon has no interpreter: CPU runs take the
+Triton kernel, and CI compiles this one for sm_90 (tests/test_plugins_gluon_gemv.py).
 """
 from __future__ import annotations
 

@@ -101,6 +101,19 @@ def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_aft
         assert got["loads_before"] == 0 and got["loads_after"] >= 1
 
 
+def within_bf16(got: torch.Tensor, want: torch.Tensor, ulps: int) -> bool:
+    """got within `ulps` bf16 ulps (of want's largest magnitude) of want."""
+    bound = ulps * torch.finfo(torch.bfloat16).eps * want.double().abs().max().item()
+    return (got.double() - want.double()).abs().max().item() <= bound
+
+
+def counted(monkeypatch, name: str) -> list:
+    """A list that grows by one at each call of triton_gemv's `name` (the Gluon launch the op takes)."""
+    taken, launch = [], getattr(tg, name)
+    monkeypatch.setattr(tg, name, lambda *a: taken.append(1) or launch(*a))
+    return taken
+
+
 @pytest.mark.skipif(not ON_HOPPER, reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles "
                                           "it for sm_90 instead")
 @pytest.mark.parametrize("n, k", SHAPES)
@@ -115,11 +128,9 @@ def test_on_the_gpu_the_op_takes_the_kernel_within_bf16_rounding_of_a_float64_ma
     out = torch.full((1, n), float("nan"), device=dev, dtype=torch.bfloat16)
     got = gg.copied_linear(x[:1], w, out=out)
     assert got is out and torch.isfinite(got).all()
-    assert (got.double() - want).abs().max().item() <= 2 * torch.finfo(torch.bfloat16).eps * want.abs().max().item()
+    assert within_bf16(got, want, 2)
     assert torch.equal(gg.copied_linear(x[:1], w), got)
-    taken = []
-    launch = tg.copied_linear
-    monkeypatch.setattr(tg, "copied_linear", lambda *a: taken.append(1) or launch(*a))
+    taken = counted(monkeypatch, "copied_linear")
     assert torch.equal(torch.ops.g4rt.skinny_linear(x[:1], w), got)
     torch.ops.g4rt.skinny_linear(x, w)
     assert taken == [1]
@@ -144,12 +155,8 @@ def test_on_the_gpu_the_tail_and_the_next_projection_in_one_launch(monkeypatch, 
     out = torch.full((1, n), float("nan"), device=dev, dtype=torch.bfloat16)
     h, y = gg.copied_add_norm_linear(res[:1], x[:1], xw, ow, 1e-6, scale, w, out=out)
     assert y is out and torch.isfinite(y).all() and torch.isfinite(h).all()
-    ulp = torch.finfo(torch.bfloat16).eps
-    assert (h.float() - want_h.float()).abs().max().item() <= ulp * want_h.float().abs().max().item()
-    assert (y.double() - want).abs().max().item() <= 4 * ulp * want.abs().max().item()
-    taken = []
-    launch = tg.copied_add_norm_linear
-    monkeypatch.setattr(tg, "copied_add_norm_linear", lambda *a: taken.append(1) or launch(*a))
+    assert within_bf16(h, want_h, 1) and within_bf16(y, want, 4)
+    taken = counted(monkeypatch, "copied_add_norm_linear")
     h1, y1 = torch.ops.g4rt.add_norm_linear(res[:1], x[:1], xw, ow, 1e-6, scale, w)
     assert taken == [1] and torch.equal(h1, h) and torch.equal(y1, y)
     h2, y2 = torch.ops.g4rt.add_norm_linear(res, x, xw, ow, 1e-6, scale, w)
@@ -177,12 +184,8 @@ def test_on_the_gpu_the_ple_gate_and_its_residual_step_in_one_launch(monkeypatch
     out = torch.full((1, 256), float("nan"), device=dev, dtype=torch.bfloat16)
     h, y = gg.copied_add_norm_gelu_linear(res[:1], x[:1], xw, 1e-6, w, up[:1], out=out)
     assert y is out and torch.isfinite(y).all() and torch.isfinite(h).all()
-    ulp = torch.finfo(torch.bfloat16).eps
-    assert (h.float() - want_h.float()).abs().max().item() <= ulp * want_h.float().abs().max().item()
-    assert (y.double() - want).abs().max().item() <= 8 * ulp * want.abs().max().item()
-    taken = []
-    launch = tg.copied_add_norm_gelu_linear
-    monkeypatch.setattr(tg, "copied_add_norm_gelu_linear", lambda *a: taken.append(1) or launch(*a))
+    assert within_bf16(h, want_h, 1) and within_bf16(y, want, 8)
+    taken = counted(monkeypatch, "copied_add_norm_gelu_linear")
     h1, y1 = torch.ops.g4rt.add_norm_gelu_linear(res[:1], x[:1], xw, None, 1e-6, w, up[:1])
     assert taken == [1] and torch.equal(h1, h) and torch.equal(y1, y)
     torch.ops.g4rt.add_norm_gelu_linear(res, x, xw, None, 1e-6, w, up)
