@@ -39,7 +39,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from g4rt.plugins.gluon_attention import _sync, _tma_load
-from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, kernel_fits, slice_sums, x_tile
+from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, kernel_fits, slice_dot, x_tile
 from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
@@ -105,8 +105,7 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
     row of x). Weights are w_desc over [S N, N]; y as _chain_kernel's."""
     pid = gl.program_id(0)
     layout: gl.constexpr = gl.BlockedLayout([1, 8], [1, 32], [NUM_WARPS, 1], [1, 0])
-    w_shared: gl.constexpr = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BK], gl.bfloat16)
-    w_smem = gl.allocate_shared_memory(gl.bfloat16, [SLOTS * NT, BLOCK_N, BK], w_shared)
+    w_smem = gl.allocate_shared_memory(gl.bfloat16, [SLOTS * NT, BLOCK_N, BK], w_desc.layout)
     bars = gl.allocate_shared_memory(gl.int64, [SLOTS, 1], mbarrier.MBarrierLayout())
     for j in gl.static_range(SLOTS):
         mbarrier.init(bars.index(j), count=1)
@@ -124,8 +123,9 @@ def _prefetch_chain_kernel(w_desc, y_ptr, count_ptr, S, N, NT: gl.constexpr, XP:
                 seen = gl.atomic_add(count_ptr, 0, sem="acquire")
         x_at, x_ok = x_tile(NT, XP, BK, layout)
         x_smem.store(gl.load(y_ptr + s * N + x_at, mask=x_ok, other=0.0, cache_modifier=".cg"))
-        slice_sums(y_ptr + (s + 1) * N, pid * BLOCK_N, bars.index(slot), (s // SLOTS) & 1, w_smem, slot * NT, x_smem,
-                   NT, BLOCK_N, BK, layout)
+        acc = slice_dot(bars.index(slot), (s // SLOTS) & 1, w_smem, slot * NT, x_smem, NT, BLOCK_N, layout)
+        gl.store(y_ptr + (s + 1) * N + pid * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, layout)),
+                 acc.to(gl.bfloat16))
         if s + 1 < S:
             _sync()  # every thread done with the slot and x and its stores made, before the copies and the release
             fence_async_shared()

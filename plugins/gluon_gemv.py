@@ -67,13 +67,6 @@ def slice_dot(bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.conste
     return acc
 
 
-@gluon.jit
-def slice_sums(out_ptr, col0, bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.constexpr,
-               BK: gl.constexpr, layout: gl.constexpr):
-    """out[col0 : col0 + BN] = `slice_dot`, rounded to bf16."""
-    acc = slice_dot(bar, phase, w_smem, first, x_smem, NT, BN, layout)
-    gl.store(out_ptr + col0 + gl.arange(0, BN, layout=gl.SliceLayout(1, layout)), acc.to(gl.bfloat16))
-
 
 @gluon.jit
 def _rms(v, K, eps):
@@ -164,8 +157,7 @@ def gate_copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
     """Whether `g4rt::add_norm_gelu_linear` runs the PLE gate, x [M, K] against w [N, K], through this kernel:
     `copies_fit` but for the half-the-SMs bound. The gate's 256 outputs are 16 programs, whose copies (1.3 MB on
     the E4B) finish during the long down_proj before it; after the wait they read only the residual step's rows."""
-    return (_on_hopper(x, w) and kernel_fits(x.shape[0], *w.shape, w.dtype)
-            and w.numel() * w.element_size() <= COPIES_MAX_BYTES)
+    return _on_hopper(x, w) and copies_fit(x.shape[0], *w.shape, w.dtype, sms=0)  # sms=0: no program bound
 
 
 def weight_descriptor(w: torch.Tensor) -> TensorDescriptor:
