@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# H200 calls of session 28: the copied Gluon kernel for weights up to 32 MiB (branch next/wide-copies) at batch 1.
+# One PART per call:
+#
+#   b1   with GPU_TESTS=TREE first the Gluon kernel's tests of TREE (`new` = this checkout, else ab/TREE/g4rt),
+#        then $MODELS (default "e2b e4b") at batch 1, arms $ARMS alternated (default "new wide", three rounds), a
+#        process each of at most $B1_CAP seconds (default 100): `bench.engine --config M --skip-hf --batches 1
+#        --new-tokens 32 --profile`. Arm new is this tree; any other arm A is ab/A, a `git archive` of another tree.
+#
+# The calls:
+#   1  b1  budget 580, at b421af2's code (session 27's end), ab/wide = 547883c (next/wide-copies), GPU_TESTS=wide
+#
+#     git archive --prefix=ab/wide/g4rt/ REV | tar -x     # another arm's tree
+#     bash export/results/s28_h200.sh PART [budget_s]      # default 570 s; results under $OUT
+PART=${1:?PART: b1}
+BUDGET=${2:-570}
+TAG=s28-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  b1) t=${GPU_TESTS:-}
+      if [ -n "$t" ]; then
+        d=$PWD; [ "$t" != new ] && d=$PWD/ab/$t/g4rt
+        (cd "$d" && PYTHONPATH=$(dirname "$d") run_part gpu_tests 150 python3 -m pytest -q -p no:cacheprovider \
+          tests/test_plugins_gluon_gemv.py)
+        tail -3 "$OUT/gpu_tests.log"
+      fi
+      batch1 "${B1_CAP:-100}" "e2b e4b" "new wide new wide new wide" ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
