@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# H200 calls of session 28: the copied Gluon kernel for weights up to 32 MiB (branch next/wide-copies) at batch 1.
+# H200 calls of session 28: the copied Gluon kernel for weights up to 32 MiB (branch next/wide-copies) and more
+# programs for the matmuls cut over K (next/split2) at batch 1.
 # One PART per call:
 #
 #   b1   with GPU_TESTS=TREE first the Gluon kernel's tests of TREE (`new` = this checkout, else ab/TREE/g4rt),
@@ -8,7 +9,9 @@
 #        --new-tokens 32 --profile`. Arm new is this tree; any other arm A is ab/A, a `git archive` of another tree.
 #
 # The calls:
-#   1  b1  budget 580, at b421af2's code (session 27's end), ab/wide = 547883c (next/wide-copies), GPU_TESTS=wide
+#   1  b1  budget 585, at b421af2's code (session 27's end), GPU_TESTS=both MODELS=e2b ARMS="new wide split2 both" x3:
+#          ab/wide = 547883c (next/wide-copies: copied launches for weights up to 32 MiB), ab/split2 = d5ce23c
+#          (next/split2: a cut over K aims for two programs an SM), ab/both = 8196603 (d5ce23c on 547883c , next/wide-split2)
 #
 #     git archive --prefix=ab/wide/g4rt/ REV | tar -x     # another arm's tree
 #     bash export/results/s28_h200.sh PART [budget_s]      # default 570 s; results under $OUT
