@@ -3,15 +3,17 @@
 # programs for the matmuls cut over K (next/split2) at batch 1.
 # One PART per call:
 #
-#   b1   with GPU_TESTS=TREE first the Gluon kernel's tests of TREE (`new` = this checkout, else ab/TREE/g4rt),
+#   b1   with GPU_TESTS="TREE:TESTFILE ..." first those tests of each TREE (`new` = this checkout, else ab/TREE/g4rt),
 #        then $MODELS (default "e2b e4b") at batch 1, arms $ARMS alternated (default "new wide", three rounds), a
 #        process each of at most $B1_CAP seconds (default 100): `bench.engine --config M --skip-hf --batches 1
 #        --new-tokens 32 --profile`. Arm new is this tree; any other arm A is ab/A, a `git archive` of another tree.
 #
 # The calls:
-#   1  b1  budget 585, at b421af2's code (session 27's end), GPU_TESTS=both MODELS=e2b ARMS="new wide split2 both" x3:
-#          ab/wide = 547883c (next/wide-copies: copied launches for weights up to 32 MiB), ab/split2 = d5ce23c
-#          (next/split2: a cut over K aims for two programs an SM), ab/both = 8196603 (d5ce23c on 547883c , next/wide-split2)
+#   1  b1  budget 585, at b421af2's code (session 27's end), MODELS=e2b ARMS="new wide both early" x3,
+#          GPU_TESTS="both:tests/test_plugins_gluon_gemv.py early:tests/test_plugins_triton.py":
+#          ab/wide = 547883c (next/wide-copies: copied launches for weights up to 32 MiB), ab/both = 8196603
+#          (next/wide-split2: and a cut over K aims for two programs an SM), ab/early = 91412dd (next/early-kv: a
+#          decode's attention reads its first K tile before its wait)
 #
 #     git archive --prefix=ab/wide/g4rt/ REV | tar -x     # another arm's tree
 #     bash export/results/s28_h200.sh PART [budget_s]      # default 570 s; results under $OUT
@@ -21,13 +23,12 @@ TAG=s28-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
-  b1) t=${GPU_TESTS:-}
-      if [ -n "$t" ]; then
-        d=$PWD; [ "$t" != new ] && d=$PWD/ab/$t/g4rt
-        (cd "$d" && PYTHONPATH=$(dirname "$d") run_part gpu_tests 150 python3 -m pytest -q -p no:cacheprovider \
-          tests/test_plugins_gluon_gemv.py)
-        tail -3 "$OUT/gpu_tests.log"
-      fi
+  b1) for t in ${GPU_TESTS:-}; do  # TREE:TESTFILE, TREE `new` (this checkout) or an ab/ tree
+        d=$PWD; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt
+        (cd "$d" && PYTHONPATH=$(dirname "$d") run_part "gpu_tests_${t%%:*}" 150 python3 -m pytest -q -x \
+          -p no:cacheprovider "${t#*:}")
+        tail -3 "$OUT/gpu_tests_${t%%:*}.log"
+      done
       batch1 "${B1_CAP:-100}" "e2b e4b" "new wide new wide new wide" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
