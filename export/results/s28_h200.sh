@@ -24,8 +24,8 @@ mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
   b1) for t in ${GPU_TESTS:-}; do  # TREE:TESTFILE, TREE `new` (this checkout) or an ab/ tree
-        d=$PWD; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt
-        (cd "$d" && PYTHONPATH=$(dirname "$d") run_part "gpu_tests_${t%%:*}" 150 python3 -m pytest -q -x \
+        d=$PWD p=/tmp/pkg; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt p=$PWD/ab/${t%%:*}
+        (cd "$d" && PYTHONPATH=$p run_part "gpu_tests_${t%%:*}" 150 python3 -m pytest -q -x \
           -p no:cacheprovider "${t#*:}")
         tail -3 "$OUT/gpu_tests_${t%%:*}.log"
       done
