@@ -9,11 +9,11 @@
 #        --new-tokens 32 --profile`. Arm new is this tree; any other arm A is ab/A, a `git archive` of another tree.
 #
 # The calls:
-#   1  b1  budget 585, at b421af2's code (session 27's end), MODELS=e2b ARMS="new wide both early" x3,
-#          GPU_TESTS="both:tests/test_plugins_gluon_gemv.py early:tests/test_plugins_triton.py":
-#          ab/wide = 547883c (next/wide-copies: copied launches for weights up to 32 MiB), ab/both = 8196603
-#          (next/wide-split2: and a cut over K aims for two programs an SM), ab/early = 91412dd (next/early-kv: a
-#          decode's attention reads its first K tile before its wait)
+#   1  b1  budget 585, at b421af2's code (session 27's end), MODELS=e2b ARMS="new both early early2" x3,
+#          GPU_TESTS="both:tests/test_plugins_gluon_gemv.py early2:tests/test_plugins_triton.py":
+#          ab/both = 8196603 (next/wide-split2: copied launches for weights up to 32 MiB, and a cut over K aims for
+#          two programs an SM), ab/early = aeb6063 (next/early-kv: a decode's attention reads its first K tile
+#          before its wait), ab/early2 = f4c525f (next/early2: and asks L2 for that tile's V rows before it)
 #
 #     git archive --prefix=ab/wide/g4rt/ REV | tar -x     # another arm's tree
 #     bash export/results/s28_h200.sh PART [budget_s]      # default 570 s; results under $OUT
