@@ -18,7 +18,9 @@
 # First call to make (budget 585):
 #   GPU_TESTS="all:tests/test_plugins_gluon_gemv.py,tests/test_plugins_triton.py" MODELS="e2b e4b" \
 #     ARMS="new all new all new all" bash export/results/s28_h200.sh b1 585
-# then, if `all` gains, one call that splits it: MODELS=e2b ARMS="new both early2 new both early2 new both early2".
+# then, if `all` gains, one call that splits it: MODELS=e2b ARMS="new both early2 new both early2 new both early2",
+# and one on the 31B, whose batch-1 cuts over K and 60 attention launches `all` changes too:
+#   MODELS=31b ARMS="new all new all" B1_CAP=240 bash export/results/s28_h200.sh b1 585
 #
 #     for a in all:next/all both:next/wide-split2 early:next/early-kv early2:next/early2; do
 #       git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done                 # the arms' trees
