@@ -67,7 +67,6 @@ def slice_dot(bar, phase, w_smem, first, x_smem, NT: gl.constexpr, BN: gl.conste
     return acc
 
 
-
 @gluon.jit
 def _rms(v, K, eps):
     """Root mean square of the K elements of v [XP, BK] (masked ones 0), plus eps under the root."""
