@@ -15,7 +15,7 @@
 #            for two programs an SM (next/split2)
 #   early  = next/early-kv: a decode's attention reads its split's first K tile before its wait
 #   early2 = next/early2: and asks L2 for that tile's V rows before it
-# First call to make (budget 585):
+# Session 28's first call (superseded by session 29's below, whose allnorm arm holds `all`; budget 585):
 #   GPU_TESTS="all:tests/test_plugins_gluon_gemv.py,tests/test_plugins_triton.py" MODELS="e2b e4b" \
 #     ARMS="new all new all new all" bash export/results/s28_h200.sh b1 585
 # then, if `all` gains, one call that splits it: MODELS=e2b ARMS="new both early2 new both early2 new both early2",
@@ -27,7 +27,7 @@
 #   norm    = next/decode-norm: and norms and ropes its q and those rows from the packed projection (no q/k/v norm
 #             launch either: 50 launches fewer a step on the E2B, 120 on the 31B)
 #   allnorm = next/all-norm: next/all and next/decode-norm together
-# First call of session 30 (budget 585; the GPU tests compare the fused launch with the three it replaces):
+# The first call to make (budget 585; the GPU tests compare the fused launch with the three it replaces):
 #   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py" MODELS=e2b \
 #     ARMS="new allnorm norm new allnorm norm new allnorm norm" bash export/results/s28_h200.sh b1 585
 # then the E4B the same way, and the 31B (its serving batches with `bench.engine --decode-steps`, where the fused
