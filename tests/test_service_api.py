@@ -414,17 +414,24 @@ def test_warm_up_sliding_bound_is_the_admission_rule(tiny):
     assert max(widths) == 2 < bound == 3
 
 
+def long_stream_running(server):
+    """A long streaming completion on a thread, once the engine runs it: (the thread, the dict its result
+    lands in as "r")."""
+    stream = {}
+    t = threading.Thread(target=lambda: stream.update(r=asyncio.run(request(
+        server.url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
+                                        "stream": True}))))
+    t.start()
+    wait_for(lambda: ready(server)["running"] == 1)
+    return t, stream
+
+
 def test_an_engine_that_reports_itself_dead_stops_the_service(tiny):
     """EngineDead from a step (a tensor-parallel engine after a rank failed) is not one failed step: the
     engine process stops, requests in flight get a 500, /health turns 503 and the server exits 1."""
     with serving(tiny) as (server, sw):
         engine = server.service.engine
-        stream = {}
-        t = threading.Thread(target=lambda: stream.update(r=asyncio.run(request(
-            server.url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
-                                            "stream": True}))))
-        t.start()
-        wait_for(lambda: ready(server)["running"] == 1)
+        t, stream = long_stream_running(server)
         sw.die_next.set()
         t.join(20)
         assert "the engine loop died: EngineDead: injected engine death" in stream["r"].error and stream["r"].done
@@ -439,12 +446,7 @@ def test_an_engine_that_reports_itself_dead_stops_the_service(tiny):
 def test_a_dead_engine_process_fails_in_flight_requests_and_the_service(tiny):
     with serving(tiny) as (server, _):
         engine = server.service.engine
-        stream = {}
-        t = threading.Thread(target=lambda: stream.update(r=asyncio.run(request(
-            server.url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
-                                            "stream": True}))))
-        t.start()
-        wait_for(lambda: ready(server)["running"] == 1)
+        t, stream = long_stream_running(server)
         os.kill(engine.proc.pid, signal.SIGKILL)
         t.join(20)
         assert "engine process died (exit code -9)" in stream["r"].error and stream["r"].done
