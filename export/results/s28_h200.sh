@@ -32,6 +32,12 @@
 #     ARMS="new allnorm norm new allnorm norm new allnorm norm" bash export/results/s28_h200.sh b1 585
 # then the E4B the same way, and the 31B (its serving batches with `bench.engine --decode-steps`, where the fused
 # launch's one-warp tile spills 232 bytes against 180) before any of these is merged.
+# Session 30 ran that call and the E4B's (export/results/README.md, session 30: allnorm -8.2 % / -1.5 % a replay,
+# norm slower); the GPU tests faulted on the fixture's unaligned arena, fixed on next/all-norm (d3aa09b). Next:
+#   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py,tests/test_plugins_gluon.py" \
+#     MODELS=31b B1_CAP=200 ARMS="new allnorm new allnorm new allnorm" bash export/results/s28_h200.sh b1 585
+# then the 31B's serving batches per arm: bench.engine --config 31b --skip-hf --batches "" --engines inductor
+#   --decode-steps 64,128,256 --reps 3 (the one-warp tile spills 384 bytes on allnorm against 180).
 #
 #     for a in all:next/all both:next/wide-split2 early:next/early-kv early2:next/early2 write:next/decode-write \
 #              norm:next/decode-norm allnorm:next/all-norm; do
