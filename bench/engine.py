@@ -329,7 +329,7 @@ def _graph_ms(fn, reps: int) -> float:
     return statistics.median(replay_times(graph, reps))
 
 
-GEMV_SPLITS = (2, 4, 8)  # runs over K gemv_record also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
+GEMV_SPLITS = (2, 4, 8)  # the runs over K at which gemv_record also tries MODEL_CONFIG and NARROW_CONFIGS[0]
 # The tiles gemv_record sweeps for a serving batch (more than MIN_ROW_TILE rows: a row tile of 32-128 on the
 # tensor cores' warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
 SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
