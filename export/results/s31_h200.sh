@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# H200 calls of session 31: the 31B on the arm `allnorm` (next/all-norm: the cut over K for two programs an SM, the
+# copied launches for weights up to 32 MiB, the early key tile, and the decode launch that writes its K/V rows and
+# norms and ropes its q itself) before it is merged. One PART per call:
+#
+#   b1     with GPU_TESTS="TREE:TESTFILE[,TESTFILE] ..." first those tests of each TREE (`new` = this checkout, else
+#          ab/TREE/g4rt), then $MODELS (default 31b) at batch 1, arms $ARMS alternated (default "new allnorm", three
+#          rounds), a process each of at most $B1_CAP seconds (default 150): `bench.engine --config M --skip-hf
+#          --batches 1 --new-tokens 32 --profile`
+#   steps  the 31B's decode steps at the batches $STEPS (default 128,256), arms $ARMS alternated (default "new
+#          allnorm", three rounds), a process each of at most $STEPS_CAP seconds (default 95): `bench.engine --config
+#          31b --skip-hf --batches "" --engines inductor --decode-steps $STEPS --reps 3` (three contexts as the
+#          requests grow)
+#   sweep  the skinny matmul's plans on the E2B's MLP weights (`bench.gemv_sweep --shape N K --layers 20`): the packed
+#          gate/up of a cache-owning layer [12,288 x 1,536] (the op's 192 programs: 69 % of the copy bandwidth in the
+#          step), the double-wide one [24,576 x 1,536] (384 programs, 87 %) and the double-wide down_proj
+#          [1,536 x 12,288] (cut over K)
+#
+# Arms: new = this checkout, any other A = ab/A, a `git archive` of another tree:
+#     git archive --prefix=ab/allnorm/g4rt/ next/all-norm | tar -x
+#     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
+PART=${1:?PART: b1, steps or sweep}
+BUDGET=${2:-570}
+TAG=s31-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+ARMS=${ARMS:-new allnorm new allnorm new allnorm}
+case $PART in
+  b1) for t in ${GPU_TESTS:-}; do
+        d=$PWD p=/tmp/pkg; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt p=$PWD/ab/${t%%:*}
+        f=${t#*:}
+        (cd "$d" && PYTHONPATH=$p run_part "gpu_tests_${t%%:*}" 200 python3 -m pytest -q -x \
+          -p no:cacheprovider ${f//,/ })
+        tail -3 "$OUT/gpu_tests_${t%%:*}.log"
+      done
+      batch1 "${B1_CAP:-150}" 31b "$ARMS" ;;
+  steps) each_arm "$ARMS" steps_31b "${STEPS_CAP:-95}" engine --config 31b --skip-hf --batches "" \
+           --engines inductor --decode-steps "${STEPS:-128,256}" --reps 3 ;;
+  sweep) run_part sweep "$BUDGET" python3 -m g4rt.bench.gemv_sweep --shape 12288 1536 --shape 24576 1536 \
+           --shape 1536 12288 --layers 20 --out "$OUT" ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
