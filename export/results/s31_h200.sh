@@ -17,7 +17,24 @@
 #          [1,536 x 12,288] (cut over K)
 #
 # Arms: new = this checkout, any other A = ab/A, a `git archive` of another tree:
-#     git archive --prefix=ab/allnorm/g4rt/ next/all-norm | tar -x
+#   allnorm = next/all-norm
+#   ring    = next/ring: next/all-norm, and the MLP's packed gate/up of 32-112 MiB at batch 1 (the E2B's and E4B's)
+#             streamed through a ring of copy slots in the copied Gluon kernel (at 1499742 also the plain weights of
+#             that size: the E2B's and E4B's down_proj, the 31B's sliding o_proj)
+# The calls of session 31 (export/results/README.md, "The 31B on `next/all-norm`"; allnorm at d3aa09b, ring at 1499742):
+#   1  GPU_TESTS="ring:tests/test_plugins_gluon_gemv.py,tests/test_plugins_decode_gpu.py" MODELS=e2b B1_CAP=100 \
+#        ARMS="allnorm ring allnorm ring allnorm ring" bash export/results/s31_h200.sh b1 585
+#   2  MODELS=31b B1_CAP=120 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh b1 500
+#   3  STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
+#   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
+#      (write = next/decode-write, norm = next/decode-norm)
+# The next calls: next/all-norm now fuses only a decode cut over its keys (075991e), and next/ring streams only the
+# packed gate/up; first the serving batches, then batch 1 (a 31B process takes about 30-45 s, an E2B one 25-35 s):
+#   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
+#   GPU_TESTS="ring:tests/test_plugins_gluon_gemv.py,tests/test_plugins_decode_gpu.py" MODELS="e2b e4b" B1_CAP=90 \
+#     ARMS="new allnorm ring new allnorm ring new allnorm ring" bash export/results/s31_h200.sh b1 585
+#
+#     for a in allnorm:next/all-norm ring:next/ring; do git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b1, steps or sweep}
 BUDGET=${2:-570}
