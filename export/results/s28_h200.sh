@@ -49,13 +49,7 @@ TAG=s28-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
-  b1) for t in ${GPU_TESTS:-}; do  # TREE:TESTFILE[,TESTFILE...], TREE `new` (this checkout) or an ab/ tree
-        d=$PWD p=/tmp/pkg; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt p=$PWD/ab/${t%%:*}
-        f=${t#*:}
-        (cd "$d" && PYTHONPATH=$p run_part "gpu_tests_${t%%:*}" 200 python3 -m pytest -q -x \
-          -p no:cacheprovider ${f//,/ })
-        tail -3 "$OUT/gpu_tests_${t%%:*}.log"
-      done
+  b1) gpu_tests "${GPU_TESTS:-}"
       batch1 "${B1_CAP:-100}" "e2b e4b" "new all new all new all" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac

@@ -43,13 +43,7 @@ mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 ARMS=${ARMS:-new allnorm new allnorm new allnorm}
 case $PART in
-  b1) for t in ${GPU_TESTS:-}; do
-        d=$PWD p=/tmp/pkg; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt p=$PWD/ab/${t%%:*}
-        f=${t#*:}
-        (cd "$d" && PYTHONPATH=$p run_part "gpu_tests_${t%%:*}" 200 python3 -m pytest -q -x \
-          -p no:cacheprovider ${f//,/ })
-        tail -3 "$OUT/gpu_tests_${t%%:*}.log"
-      done
+  b1) gpu_tests "${GPU_TESTS:-}"
       batch1 "${B1_CAP:-150}" 31b "$ARMS" ;;
   steps) each_arm "$ARMS" steps_31b "${STEPS_CAP:-95}" engine --config 31b --skip-hf --batches "" \
            --engines inductor --decode-steps "${STEPS:-128,256}" --reps 3 ;;
