@@ -38,6 +38,7 @@
 #     MODELS=31b B1_CAP=200 ARMS="new allnorm new allnorm new allnorm" bash export/results/s28_h200.sh b1 585
 # then the 31B's serving batches per arm: bench.engine --config 31b --skip-hf --batches "" --engines inductor
 #   --decode-steps 64,128,256 --reps 3 (the one-warp tile spills 384 bytes on allnorm against 180).
+# Session 31 ran those (and more) with s31_h200.sh, whose header names the calls after them.
 #
 #     for a in all:next/all both:next/wide-split2 early:next/early-kv early2:next/early2 write:next/decode-write \
 #              norm:next/decode-norm allnorm:next/all-norm; do

@@ -11,10 +11,6 @@
 #          allnorm", three rounds), a process each of at most $STEPS_CAP seconds (default 95): `bench.engine --config
 #          31b --skip-hf --batches "" --engines inductor --decode-steps $STEPS --reps 3` (three contexts as the
 #          requests grow)
-#   sweep  the skinny matmul's plans on the E2B's MLP weights (`bench.gemv_sweep --shape N K --layers 20`): the packed
-#          gate/up of a cache-owning layer [12,288 x 1,536] (the op's 192 programs: 69 % of the copy bandwidth in the
-#          step), the double-wide one [24,576 x 1,536] (384 programs, 87 %) and the double-wide down_proj
-#          [1,536 x 12,288] (cut over K)
 #
 # Arms: new = this checkout, any other A = ab/A, a `git archive` of another tree:
 #   allnorm = next/all-norm
@@ -37,7 +33,7 @@
 #
 #     for a in allnorm:next/all-norm ring:next/ring; do git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
-PART=${1:?PART: b1, steps or sweep}
+PART=${1:?PART: b1 or steps}
 BUDGET=${2:-570}
 TAG=s31-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
@@ -48,8 +44,6 @@ case $PART in
       batch1 "${B1_CAP:-150}" 31b "$ARMS" ;;
   steps) each_arm "$ARMS" steps_31b "${STEPS_CAP:-95}" engine --config 31b --skip-hf --batches "" \
            --engines inductor --decode-steps "${STEPS:-128,256}" --reps 3 ;;
-  sweep) run_part sweep "$BUDGET" python3 -m g4rt.bench.gemv_sweep --shape 12288 1536 --shape 24576 1536 \
-           --shape 1536 12288 --layers 20 --out "$OUT" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
 finish_call
