@@ -24,7 +24,7 @@
 #   3  STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
 #   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
 #      (write = next/decode-write, norm = next/decode-norm)
-# The next calls: next/all-norm now fuses only a decode cut over its keys (467f8fe), and next/ring (f1a961e, which
+# The next calls: next/all-norm now fuses only a decode cut over its keys (131a2b4), and next/ring (a7df82d, which
 # holds it) streams only the packed gate/up; first the serving batches, then batch 1 (a 31B process takes about
 # 30-45 s, an E2B one 25-35 s):
 #   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
