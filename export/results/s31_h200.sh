@@ -14,6 +14,9 @@
 #
 # Arms: new = this checkout, any other A = ab/A, a `git archive` of another tree:
 #   allnorm = next/all-norm
+#   fold    = next/fold: next/all-norm, and a decode cut over its keys merges its splits in its launch (the last
+#             program of each (sequence, KV head)) where a group's partials are at most 64 KB: no combine launch
+#   l2      = next/l2: next/fold, and the skinny matmul asks L2 for up to 16 MiB of its weight before its wait
 #   ring    = next/ring: next/all-norm, and the MLP's packed gate/up of 32-112 MiB at batch 1 (the E2B's and E4B's)
 #             streamed through a ring of copy slots in the copied Gluon kernel (at 1499742 also the plain weights of
 #             that size: the E2B's and E4B's down_proj, the 31B's sliding o_proj)
@@ -24,14 +27,20 @@
 #   3  STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
 #   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
 #      (write = next/decode-write, norm = next/decode-norm)
-# The next calls: next/all-norm now fuses only a decode cut over its keys (131a2b4), and next/ring (a7df82d, which
-# holds it) streams only the packed gate/up; first the serving batches, then batch 1 (a 31B process takes about
-# 30-45 s, an E2B one 25-35 s):
+# The next calls (session 32 had no GPU): next/all-norm fuses only a decode cut over its keys (131a2b4); next/fold
+# (8cce508, on it) merges such a decode's splits in its launch where they are small, no combine launch; next/l2
+# (1f331df, on next/fold) has the skinny matmul ask L2 for up to 16 MiB of its weight before its wait; next/ring
+# (a7df82d, on next/all-norm) streams the packed gate/up through the ring. First the serving batches (the merge
+# rests on them), then batch 1, each increment an arm (a 31B process takes about 30-45 s, an E2B one 25-35 s):
 #   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
-#   GPU_TESTS="ring:tests/test_plugins_gluon_gemv.py,tests/test_plugins_decode_gpu.py" MODELS="e2b e4b" B1_CAP=90 \
-#     ARMS="new allnorm ring new allnorm ring new allnorm ring" bash export/results/s31_h200.sh b1 585
+#   GPU_TESTS="l2:tests/test_plugins_decode_gpu.py,tests/test_plugins_gemv.py,tests/test_plugins_gluon_gemv.py" \
+#     MODELS=e2b B1_CAP=80 ARMS="allnorm fold l2 allnorm fold l2 allnorm fold l2" bash export/results/s31_h200.sh b1 585
+#   MODELS=31b B1_CAP=100 ARMS="allnorm fold l2 allnorm fold l2 allnorm fold l2" bash export/results/s31_h200.sh b1 585
+#   MODELS=e4b B1_CAP=80 ARMS="allnorm fold l2 ring allnorm fold l2 ring allnorm fold l2 ring" \
+#     bash export/results/s31_h200.sh b1 585
 #
-#     for a in allnorm:next/all-norm ring:next/ring; do git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
+#     for a in allnorm:next/all-norm fold:next/fold l2:next/l2 ring:next/ring; do
+#       git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b1 or steps}
 BUDGET=${2:-570}
