@@ -17,6 +17,9 @@
 #   fold    = next/fold: next/all-norm, and a decode cut over its keys merges its splits in its launch (the last
 #             program of each (sequence, KV head)) where a group's partials are at most 64 KB: no combine launch
 #   l2      = next/l2: next/fold, and the skinny matmul asks L2 for up to 16 MiB of its weight before its wait
+#   balance = next/balance: next/l2, and a wide weight whose 64-column blocks fall unevenly on the SMs takes 32 (the
+#             E2B's packed gate/up, the 31B's full q/k/v)
+#   regs    = next/regs: next/balance, and a decode launch that writes its K/V rows takes its own key from them
 #   ring    = next/ring: next/all-norm, and the MLP's packed gate/up of 32-112 MiB at batch 1 (the E2B's and E4B's)
 #             streamed through a ring of copy slots in the copied Gluon kernel (at 1499742 also the plain weights of
 #             that size: the E2B's and E4B's down_proj, the 31B's sliding o_proj)
@@ -27,19 +30,23 @@
 #   3  STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
 #   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
 #      (write = next/decode-write, norm = next/decode-norm)
-# The next calls (session 32 had no GPU): next/all-norm fuses only a decode cut over its keys (131a2b4); next/fold
-# (8cce508, on it) merges such a decode's splits in its launch where they are small, no combine launch; next/l2
-# (1f331df, on next/fold) has the skinny matmul ask L2 for up to 16 MiB of its weight before its wait; next/ring
-# (a7df82d, on next/all-norm) streams the packed gate/up through the ring. First the serving batches (the merge
-# rests on them), then batch 1, each increment an arm (a 31B process takes about 30-45 s, an E2B one 25-35 s):
-#   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
-#   GPU_TESTS="l2:tests/test_plugins_decode_gpu.py,tests/test_plugins_gemv.py,tests/test_plugins_gluon_gemv.py" \
-#     MODELS=e2b B1_CAP=80 ARMS="allnorm fold l2 allnorm fold l2 allnorm fold l2" bash export/results/s31_h200.sh b1 585
-#   MODELS=31b B1_CAP=100 ARMS="allnorm fold l2 allnorm fold l2 allnorm fold l2" bash export/results/s31_h200.sh b1 585
-#   MODELS=e4b B1_CAP=80 ARMS="allnorm fold l2 ring allnorm fold l2 ring allnorm fold l2 ring" \
+# The next calls (session 32 had no GPU): next/all-norm fuses only a decode cut over its keys (131a2b4); on it, each
+# on the one before: next/fold (8cce508) merges such a decode's splits in its launch where they are small, no combine
+# launch; next/l2 (1f331df) has the skinny matmul ask L2 for up to 16 MiB of its weight before its wait;
+# next/balance (8e5c04b) gives unevenly spread wide weights 32-column blocks; next/regs (ae9b21b) takes a decode's
+# own key from the rows it writes, one round trip after the wait. next/ring (a7df82d, on next/all-norm) streams the
+# packed gate/up through the ring. The E2B's stack first (the target furthest off), then the serving batches (the
+# merge of next/all-norm rests on them), the 31B at batch 1, and the E2B's increments (a 31B process takes about
+# 30-45 s, an E2B one 25-35 s):
+#   GPU_TESTS="regs:tests/test_plugins_decode_gpu.py,tests/test_plugins_gemv.py,tests/test_plugins_gluon_gemv.py" \
+#     MODELS=e2b B1_CAP=60 ARMS="allnorm balance regs allnorm balance regs allnorm balance regs" \
 #     bash export/results/s31_h200.sh b1 585
+#   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
+#   MODELS=31b B1_CAP=60 ARMS="allnorm balance regs allnorm balance regs allnorm balance regs" \
+#     bash export/results/s31_h200.sh b1 585
+#   MODELS=e2b B1_CAP=60 ARMS="fold l2 balance fold l2 balance fold l2 balance" bash export/results/s31_h200.sh b1 400
 #
-#     for a in allnorm:next/all-norm fold:next/fold l2:next/l2 ring:next/ring; do
+#     for a in allnorm:next/all-norm fold:next/fold l2:next/l2 balance:next/balance regs:next/regs; do
 #       git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b1 or steps}
