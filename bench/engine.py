@@ -785,6 +785,9 @@ def main(argv=None) -> int:
     unknown = set(a.engines.split(",")) - {"eager", "inductor"}
     if unknown:
         ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: it times the engines on random weights at a model's real size (on a CPU, "
+                 "`g4rt run` runs the tiny model and `make test` the engines' checks)")
     a.out.mkdir(parents=True, exist_ok=True)
     log = functools.partial(log_json, a.out, name="export_bench.jsonl")
     t_start = time.perf_counter()
