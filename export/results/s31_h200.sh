@@ -31,9 +31,9 @@
 #   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
 #      (write = next/decode-write, norm = next/decode-norm)
 # The next calls (session 32 had no GPU): next/all-norm fuses only a decode cut over its keys (131a2b4); on it, each
-# on the one before: next/fold (8cce508) merges such a decode's splits in its launch where they are small, no combine
-# launch; next/l2 (1f331df) has the skinny matmul ask L2 for up to 16 MiB of its weight before its wait;
-# next/balance (8e5c04b) gives unevenly spread wide weights 32-column blocks; next/regs (8c07382) takes a decode's
+# on the one before: next/fold (254bc35) merges such a decode's splits in its launch where they are small, no combine
+# launch; next/l2 (b380da5) has the skinny matmul ask L2 for up to 16 MiB of its weight before its wait;
+# next/balance (25fbcaf) gives unevenly spread wide weights 32-column blocks; next/regs (e085fa1) takes a decode's
 # own key from the rows it writes, one round trip after the wait. next/ring (a7df82d, on next/all-norm) streams the
 # packed gate/up through the ring. The E2B's stack first (the target furthest off), then the serving batches (the
 # merge of next/all-norm rests on them), the 31B at batch 1, and the E2B's increments (a 31B process takes about
