@@ -777,17 +777,17 @@ def main(argv=None) -> int:
                     help="every Triton/Gluon kernel prefers this share of L1/shared memory as shared memory "
                          "(common.prefer_shared_carveout); default leaves the driver's choice")
     a = ap.parse_args(argv)
-    if a.shared_carveout is not None:
-        prefer_shared_carveout(a.shared_carveout)
-    if a.blas != "default":
-        torch.backends.cuda.preferred_blas_library(a.blas)
-    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = a.bf16_reduction
     unknown = set(a.engines.split(",")) - {"eager", "inductor"}
     if unknown:
         ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times the engines on random weights at a model's real size (on a CPU, "
                  "`g4rt run` runs the tiny model and `make test` the engines' checks)")
+    if a.shared_carveout is not None:
+        prefer_shared_carveout(a.shared_carveout)
+    if a.blas != "default":
+        torch.backends.cuda.preferred_blas_library(a.blas)
+    torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = a.bf16_reduction
     a.out.mkdir(parents=True, exist_ok=True)
     log = functools.partial(log_json, a.out, name="export_bench.jsonl")
     t_start = time.perf_counter()

@@ -124,12 +124,13 @@ def test_a_kernel_is_charged_only_what_it_adds_past_the_kernels_before_it():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA GPU")
-@pytest.mark.parametrize("module", ["engine", "kernels"])
-def test_the_gpu_benches_refuse_a_machine_without_cuda_by_saying_so(module, tmp_path, capsys):
+@pytest.mark.parametrize("module, args", [("engine", []), ("engine", ["--shared-carveout", "100"]),
+                                          ("kernels", [])])
+def test_the_gpu_benches_refuse_a_machine_without_cuda_by_saying_so(module, args, tmp_path, capsys):
     """bench.engine and bench.kernels time GPU work: without CUDA they stop at the argument check with that reason
-    (exit 2), before building a model or writing into --out."""
+    (exit 2), before building a model, touching the driver (`--shared-carveout`) or writing into --out."""
     main = importlib.import_module(f"g4rt.bench.{module}").main
     with pytest.raises(SystemExit) as stop:
-        main(["--out", str(tmp_path / "out")])
+        main(["--out", str(tmp_path / "out"), *args])
     assert stop.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
