@@ -13,16 +13,15 @@
 #          requests grow)
 #
 # Arms: new = this checkout, any other A = ab/A, a `git archive` of another tree:
-#   allnorm = next/all-norm
-#   fold    = next/fold: next/all-norm, and a decode cut over its keys merges its splits in its launch (the last
-#             program of each (sequence, KV head)) where a group's partials are at most 64 KB: no combine launch
-#   l2      = next/l2: next/fold, and the skinny matmul asks L2 for up to 16 MiB of its weight before its wait
-#   balance = next/balance: next/l2, and a wide weight whose 64-column blocks fall unevenly on the SMs takes 32 (the
-#             E2B's packed gate/up, the 31B's full q/k/v)
-#   regs    = next/regs: next/balance, and a decode launch that writes its K/V rows takes its own key from them
+#   allnorm = next/all-norm (since session 33 merged with main: 4fa8f6f)
+#   ec      = next/early-combine (5ccf5e4, on next/all-norm): the combine launch lets the next kernel in before its
+#             wait, so the o_proj after it copies its weights while the split attention runs
+#   sp3     = next/split3 (11d39d0, on next/all-norm): a cut over K aims for three programs an SM (the E2B's
+#             double-wide down_proj in 16 runs instead of 11; the 31B's o_proj and down_proj in 5 instead of 4)
+#   fold, l2, balance, regs = next/fold .. next/regs (session 32's stack on next/all-norm; each lost on an H100 in
+#             session 33, not kept: export/results/README.md, "The batch-1 arms on an H100")
 #   ring    = next/ring: next/all-norm, and the MLP's packed gate/up of 32-112 MiB at batch 1 (the E2B's and E4B's)
-#             streamed through a ring of copy slots in the copied Gluon kernel (at 1499742 also the plain weights of
-#             that size: the E2B's and E4B's down_proj, the 31B's sliding o_proj)
+#             streamed through a ring of copy slots in the copied Gluon kernel (not kept)
 # The calls of session 31 (export/results/README.md, "The 31B on `next/all-norm`"; allnorm at d3aa09b, ring at 1499742):
 #   1  GPU_TESTS="ring:tests/test_plugins_gluon_gemv.py,tests/test_plugins_decode_gpu.py" MODELS=e2b B1_CAP=100 \
 #        ARMS="allnorm ring allnorm ring allnorm ring" bash export/results/s31_h200.sh b1 585
@@ -30,23 +29,16 @@
 #   3  STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
 #   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
 #      (write = next/decode-write, norm = next/decode-norm)
-# The next calls (session 32 had no GPU): next/all-norm fuses only a decode cut over its keys (131a2b4); on it, each
-# on the one before: next/fold (254bc35) merges such a decode's splits in its launch where they are small, no combine
-# launch; next/l2 (b380da5) has the skinny matmul ask L2 for up to 16 MiB of its weight before its wait;
-# next/balance (25fbcaf) gives unevenly spread wide weights 32-column blocks; next/regs (e085fa1) takes a decode's
-# own key from the rows it writes, one round trip after the wait. next/ring (a7df82d, on next/all-norm) streams the
-# packed gate/up through the ring. The E2B's stack first (the target furthest off), then the serving batches (the
-# merge of next/all-norm rests on them), the 31B at batch 1, and the E2B's increments (a 31B process takes about
-# 30-45 s, an E2B one 25-35 s):
-#   GPU_TESTS="regs:tests/test_plugins_decode_gpu.py,tests/test_plugins_gemv.py,tests/test_plugins_gluon_gemv.py" \
-#     MODELS=e2b B1_CAP=60 ARMS="allnorm balance regs allnorm balance regs allnorm balance regs" \
-#     bash export/results/s31_h200.sh b1 585
+# Session 33's (on an H100, `kind` nvidia-h100-x1; the H200 refused): the results README's section names them.
+# The next calls. First the serving batches, on which the merge of next/all-norm rests (an H200: 31B steps at batch
+# 128 and 256 do not fit an H100's 80 GB, so `needs_h200`), then the E2B's arms, then the 31B at batch 1 (sp3
+# changes its plans):
 #   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
-#   MODELS=31b B1_CAP=60 ARMS="allnorm balance regs allnorm balance regs allnorm balance regs" \
-#     bash export/results/s31_h200.sh b1 585
-#   MODELS=e2b B1_CAP=60 ARMS="fold l2 balance fold l2 balance fold l2 balance" bash export/results/s31_h200.sh b1 400
+#   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py ec:tests/test_plugins_decode_gpu.py" \
+#     MODELS=e2b B1_CAP=60 ARMS="allnorm ec sp3 allnorm ec sp3 allnorm ec sp3" bash export/results/s31_h200.sh b1 585
+#   MODELS=31b B1_CAP=60 ARMS="allnorm ec sp3 allnorm ec sp3 allnorm ec sp3" bash export/results/s31_h200.sh b1 585
 #
-#     for a in allnorm:next/all-norm fold:next/fold l2:next/l2 balance:next/balance regs:next/regs; do
+#     for a in allnorm:next/all-norm ec:next/early-combine sp3:next/split3; do
 #       git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b1 or steps}
