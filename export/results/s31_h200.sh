@@ -32,10 +32,12 @@
 # Session 33's (on an H100, `kind` nvidia-h100-x1; the H200 refused): the results README's section names them.
 # The next calls. First the serving batches, on which the merge of next/all-norm rests (an H200: 31B steps at batch
 # 128 and 256 do not fit an H100's 80 GB, so `needs_h200`), then the E2B's arms, then the 31B at batch 1 (sp3
-# changes its plans):
+# changes its plans). The batch-1 calls fit an H100 (`kind` nvidia-h100-x1) where the H200 refuses: their arms
+# compare within a call:
 #   STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
-#   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py ec:tests/test_plugins_decode_gpu.py" \
-#     MODELS=e2b B1_CAP=60 ARMS="allnorm ec sp3 allnorm ec sp3 allnorm ec sp3" bash export/results/s31_h200.sh b1 585
+#   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py \
+#     ec:tests/test_plugins_decode_gpu.py" MODELS=e2b B1_CAP=60 \
+#     ARMS="allnorm ec sp3 allnorm ec sp3 allnorm ec sp3" bash export/results/s31_h200.sh b1 585
 #   MODELS=31b B1_CAP=60 ARMS="allnorm ec sp3 allnorm ec sp3 allnorm ec sp3" bash export/results/s31_h200.sh b1 585
 #
 #     for a in allnorm:next/all-norm ec:next/early-combine sp3:next/split3; do
