@@ -4,7 +4,8 @@ registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DI
 the loop's copies and matmuls sit, their layouts) and PTX.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
-        [--decode [--splits 1] [--programs-per-sm 0]] [--window] [--dtype bfloat16] [--config '{"num_stages": 3}']
+        [--decode [--splits 1] [--programs-per-sm 0] [--write]] [--window] [--dtype bfloat16]
+        [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
 
 The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
@@ -38,10 +39,13 @@ ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in ev
 
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
                      splits: int = 1, programs_per_sm: float = 0.0, window: bool = False, dtype: str = "bfloat16",
-                     config: dict | None = None, arch: int = 90) -> dict:
+                     config: dict | None = None, arch: int = 90, write: bool = False) -> dict:
     """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
     where `takes_wgmma` holds (Hopper and later), else `_paged_attn_kernel`; returns which, the tiles, whether
-    the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
+    the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX.
+    `write`: a decode launch that writes the step's K/V rows itself (`paged_attention(write=...)`)."""
+    if write and not decode:
+        raise ValueError("write: only a decode launch writes the step's K/V rows itself")
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
@@ -61,7 +65,11 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                      page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
-        const["PDL"] = arch >= 90
+        const["PDL"], const["WRITE"] = arch >= 90, write
+        if write:
+            sig.update(k_new_ptr=f"*{t}", v_new_ptr=f"*{t}", slots_ptr="*i32")
+        else:
+            const.update(k_new_ptr=None, v_new_ptr=None, slots_ptr=None)
         if tma:
             sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
             sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
@@ -102,6 +110,8 @@ def main(argv=None):
     ap.add_argument("--programs-per-sm", type=float, default=0.0,
                     help="an unsplit decode's programs an SM (sequences x KV heads / SMs): from WIDE_DECODE its "
                          "head-dim-256 tile is the one-warp one (the 31B's sliding layers from batch 64: 7.8)")
+    ap.add_argument("--write", action="store_true",
+                    help="a decode that writes the step's K/V rows itself (a cache-owning layer's decode launch)")
     ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TRITON_DTYPES))
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
@@ -111,6 +121,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if ta.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
+    if args.write and not args.decode:
+        ap.error("--write: only a decode launch writes the step's K/V rows itself (add --decode)")
     try:
         config = json.loads(args.config)
     except json.JSONDecodeError as e:
@@ -118,7 +130,7 @@ def main(argv=None):
     report = attention_report(head_dim=args.head_dim, page=args.page, q_heads=args.q_heads,
                               kv_heads=args.kv_heads, decode=args.decode, splits=args.splits,
                               programs_per_sm=args.programs_per_sm, window=args.window,
-                              dtype=args.dtype, config=config, arch=args.arch)
+                              dtype=args.dtype, config=config, arch=args.arch, write=args.write)
     if args.ir:
         os.makedirs(args.ir, exist_ok=True)
         for ext in ("ttgir", "ptx"):

@@ -1,8 +1,9 @@
 """The step graph: the model over the paged KV arena, one varlen step per call.
 
 `PagedStep.forward(arena, *StepBatch.tensors())` runs the model on the step's flat token axis. Each
-cache-owning layer scatters its new K/V rows into the arena (`g4rt::kv_write_`, or the functional
-`g4rt::kv_write` when exporting) and then attends with `g4rt::paged_attention`; a KV-shared layer
+cache-owning layer scatters its new K/V rows into the arena and attends (`g4rt::kv_write_attention_`, whose Triton
+kernels make a decode step's write part of the attention launch; when exporting, the functional `g4rt::kv_write`
+and then `g4rt::paged_attention`, the ONNX graph's two plugins); a KV-shared layer
 only attends, using its source layer's K/V offsets (`PageGeometry.layer_offsets`). Sliding layers use
 the sliding page table / first page / slots, full layers the full ones with first page 0.
 
@@ -63,13 +64,13 @@ class PagedStep(nn.Module):
         def attention(layer: LayerKV, q, k, v):
             table, first, slots, page = groups[layer.sliding]
             k_off, v_off = geo.layer_offsets(layer.index)
+            rest = (k_off, v_off, page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
+            if k is not None and not self.functional:  # one op: a decode step's write is the attention launch's
+                return torch.ops.g4rt.kv_write_attention_(state["arena"], k, v, slots, q, cu_q, kv_lens, table, first,
+                                                          *rest)
             if k is not None:
-                if self.functional:
-                    state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page, kernels)
-                else:
-                    torch.ops.g4rt.kv_write_(state["arena"], k, v, slots, k_off, v_off, page, kernels)
-            return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, k_off, v_off,
-                                                  page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
+                state["arena"] = torch.ops.g4rt.kv_write(state["arena"], k, v, slots, k_off, v_off, page, kernels)
+            return torch.ops.g4rt.paged_attention(q, state["arena"], cu_q, kv_lens, table, first, *rest)
         return attention, state
 
     def attention_into(self, arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots, full_table,

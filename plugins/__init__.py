@@ -1,6 +1,6 @@
 """The ops every backend shares (see README.md): `paged_attention`, `kv_write`, `moe` and `sample`.
 
-Importing this package registers `torch.ops.g4rt.{paged_attention, kv_write_, kv_write, moe, sample}`;
+Importing this package registers `torch.ops.g4rt.{paged_attention, kv_write_, kv_write, kv_write_attention_, moe, sample}`;
 the plain Python API is `plugins.ops`. `window_left(W)` is the one place Gemma's window W becomes the kernels'
 inclusive distance W - 1.
 """

@@ -93,18 +93,39 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
 
 
 @triton.jit
+def _write_own_key(arena_ptr, k_new_ptr, v_new_ptr, slots_ptr, t, h, mine, k_offset, v_offset, stride_frame,
+                   HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+    """Token t's K and V rows of KV head h into the arena at its slot (kv_write's rows, cast as it casts), where
+    `mine` and the slot is not -1; then a barrier of the program's threads, after which its loads see the rows.
+    Only the program that writes a key reads it, so no other program waits for it."""
+    d = tl.arange(0, D)
+    slot = tl.load(slots_ptr + t) + tl.zeros([D], tl.int32)  # broadcast: the interpreter rejects block & scalar masks
+    ok = (slot >= 0) & ((mine.to(tl.int32) + tl.zeros([D], tl.int32)) != 0)
+    safe = tl.where(ok, slot, 0)
+    dst = (safe // PAGE).to(tl.int64) * stride_frame + ((safe % PAGE) * HKV + h) * D + d
+    src = (t.to(tl.int64) * HKV + h) * D + d
+    dtype = arena_ptr.dtype.element_ty
+    tl.store(arena_ptr + k_offset + dst, tl.load(k_new_ptr + src, mask=ok).to(dtype), mask=ok)
+    tl.store(arena_ptr + v_offset + dst, tl.load(v_new_ptr + src, mask=ok).to(dtype), mask=ok)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _paged_attn_kernel(
     q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
     scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits, k_desc, v_desc,
+    k_new_ptr, v_new_ptr, slots_ptr,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    TMA: tl.constexpr = False, PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False, WRITE: tl.constexpr = False, PDL: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
     # DV_SPLIT > 1: each program writes 1/DV_SPLIT of the output's columns (same scores, recomputed),
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
+    # WRITE (decode only): the step's K/V rows (k_new, v_new [B, HKV, D]) go to their slots first, by the one
+    # program whose key run holds the query's own key, the only one that reads it (`_write_own_key`).
     await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
@@ -158,6 +179,9 @@ def _paged_attn_kernel(
     tiles = tl.maximum(tl.cdiv(t_end - t_begin, BLOCK_N), 0)
     j0 = tl.minimum(tl.maximum(tl.cdiv(p_last - wl - t_begin, BLOCK_N), 0), tiles)
     j1 = tl.maximum(tl.minimum((tl.minimum(p_first + 1, t_end) - t_begin) // BLOCK_N, tiles), j0)
+    if WRITE:
+        _write_own_key(arena_ptr, k_new_ptr, v_new_ptr, slots_ptr, q_start, h, (p_last >= t_begin) & (p_last < t_end),
+                       k_offset, v_offset, stride_frame, HKV, D, PAGE)
 
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
@@ -389,7 +413,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
                     page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
                     page_size: int, num_kv_heads: int, window_left: int, scale: float, *,
                     out: torch.Tensor | None = None, num_splits: int | None = None,
-                    config: dict | None = None, decode: bool | None = None) -> torch.Tensor:
+                    config: dict | None = None, decode: bool | None = None,
+                    write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Launch the kernel(s); same arguments as the op. No host syncs: every launch parameter comes
     from shapes and Python ints.
 
@@ -398,7 +423,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     `dv_split` > 1 cuts the output columns across programs, prefill only; `interior` False masks
     every key tile, the bench's A/B of the unmasked interior; `tma` True has a prefill without a window
     copy its interior tiles by tensor-memory copies where `takes_copies` and `kv_descriptors` allow),
-    `decode` (force or forbid the decode launch shape; it needs T == B)."""
+    `decode` (force or forbid the decode launch shape; it needs T == B). `write`: the step's (k, v, slots), as
+    kv_write_ takes them, which a decode launch writes to the arena itself before it reads them
+    (triton_kv_write.kv_write_attention_ is the op's body: it writes them first where the launch is no decode)."""
     T, HQ, D = q.shape
     B = kv_lens.shape[0]
     HKV = num_kv_heads
@@ -410,6 +437,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
+    if write is not None and not is_decode:
+        raise ValueError("write: only a decode launch writes the step's K/V rows itself; write them first "
+                         "(kv_write_) for a prefill or mixed step")
     if is_decode and num_splits is None:
         max_keys = pow2_bucket(page_table.shape[1]) * page_size
         if window_left >= 0:
@@ -448,7 +478,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
-        num_splits, *(descs or (None, None)), **consts, num_warps=cfg["num_warps"],
+        num_splits, *(descs or (None, None)), *(write or (None, None, None)), **consts, WRITE=write is not None,
+        num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, pdl_launch
+from .triton_attention import await_inputs, paged_attention, pdl_launch
 
 
 @triton.jit
@@ -44,3 +44,17 @@ def kv_write_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torc
     grid = (T, triton.cdiv(width, block))
     _kv_write_kernel[grid](arena, k, v, slots, int(k_offset), int(v_offset), arena.stride(0),
                            PAGE=int(page_size), WIDTH=width, BLOCK=block, num_warps=4, **pdl_launch(arena.device))
+
+
+def kv_write_attention_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                        q: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_table: torch.Tensor,
+                        first_page: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
+                        window_left: int, scale: float) -> torch.Tensor:
+    """kv_write_ then paged_attention (the op `kv_write_attention_`): a decode step (one query token a sequence,
+    T == B) in one launch, whose attention kernel writes the rows itself; any other step in the two launches."""
+    args = (q, arena, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
+            window_left, scale)
+    if q.shape[0] == kv_lens.shape[0]:
+        return paged_attention(*args, write=(k.contiguous(), v.contiguous(), slots))
+    kv_write_(arena, k, v, slots, k_offset, v_offset, page_size)
+    return paged_attention(*args)

@@ -72,3 +72,23 @@ def test_a_bad_config_and_the_interpreter_are_named():
     assert r.returncode == 2 and "--config is not JSON" in r.stderr
     r = run(*FULL, interpret=True)
     assert r.returncode == 2 and "TRITON_INTERPRET is set" in r.stderr
+
+
+def test_a_decode_that_writes_its_keys_stores_them_then_syncs_before_its_tiles(tmp_path):
+    """The decode launch that writes the step's K/V rows (`--write`): compiled for sm_90, the rows' stores come
+    before a barrier of the block and every tile copy after it (a copy before it could miss the own key's row),
+    and without `--write` the kernel has neither the stores nor the barrier there."""
+    e2b = ["--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--decode", "--splits", "4",
+           "--window"]
+    out = report(tmp_path, *e2b, "--write")
+    assert 0 < out["registers"] <= 255
+    ptx = (tmp_path / "attention.ptx").read_text().splitlines()
+    first = lambda op: next(i for i, line in enumerate(ptx) if op in line)  # noqa: E731
+    stores = [i for i, line in enumerate(ptx) if "st.global" in line]
+    copies = [i for i, line in enumerate(ptx) if "cp.async" in line]
+    assert len(stores) >= 2 and copies and max(stores[:2]) < first("bar.sync") < min(copies)
+    report(tmp_path, *e2b)
+    ptx = (tmp_path / "attention.ptx").read_text().splitlines()
+    assert not any("bar.sync" in line for line in ptx[:min(i for i, line in enumerate(ptx) if "cp.async" in line)])
+    r = run(*e2b[:-4], "--write")
+    assert r.returncode == 2 and "only a decode launch" in r.stderr

@@ -212,6 +212,75 @@ def test_kv_write_matches_reference(dtype):
     assert torch.equal(got, want)
 
 
+def _own_slots(batch) -> torch.Tensor:
+    """Each sequence's slot of its last key (a decode's own key), from the batch's table."""
+    P = batch.page_size
+    pos = batch.kv_lens.long() - 1
+    frames = batch.page_table.gather(1, (pos // P - batch.first_page.long())[:, None])[:, 0]
+    return (frames * P + pos % P).to(torch.int32)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype,wl", [(torch.float32, -1), (torch.bfloat16, window_left(24))])
+def test_a_decode_launch_writes_the_step_rows_itself(splits, dtype, wl):
+    """A decode's attention launch with `write` stores the step's K/V rows before it reads them: the same bits in
+    the output and the arena as kv_write_ then paged_attention. The own keys' rows start as NaN, so a kernel
+    that read one before writing it would give a NaN row; a slot of -1 (a padded graph row) writes nothing and
+    reads what the arena holds, in both."""
+    batch = batch_of([1, 1, 1, 1], [40, 9, 61, 16], 4, 2, 32, 16, wl=wl, resident=wl >= 0, dtype=dtype, seed=23)
+    slots = _own_slots(batch)
+    slots[2] = -1
+    g = torch.Generator().manual_seed(24)
+    k, v = (torch.randn(4, 2, 32, generator=g).to(dtype) for _ in range(2))
+    arena = batch.poisoned_arena()
+    for s in slots[slots >= 0].tolist():  # the rows the step writes start as NaN
+        f, r = divmod(s, batch.page_size)
+        for off in (batch.k_offset, batch.v_offset):
+            arena[f, off + r * 64: off + (r + 1) * 64] = float("nan")
+    two = arena.clone()
+    tkv.kv_write_(two, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
+    args = list(batch.args())
+    args[1] = two
+    want = ta.paged_attention(*args, num_splits=splits)
+    one = arena.clone()
+    args[1] = one
+    out = torch.full_like(batch.q, float("nan"))
+    got = ta.paged_attention(*args, num_splits=splits, out=out, write=(k, v, slots))
+    assert torch.isfinite(got[[0, 1, 3]]).all()
+    assert torch.equal(_bits(got), _bits(want)) and torch.equal(_bits(one), _bits(two))
+    with pytest.raises(ValueError, match="write: only a decode launch"):
+        ta.paged_attention(*args, decode=False, write=(k, v, slots))
+
+
+def test_the_write_attention_op_is_the_two_ops():
+    """`g4rt::kv_write_attention_` with the Triton kernels (one launch at decode, two otherwise) and with the
+    reference: the arena and output kv_write_ and paged_attention give."""
+    for q_lens, kv_lens in (([1, 1], [33, 70]), ([1, 5, 2], [33, 5, 70])):
+        batch = batch_of(q_lens, kv_lens, 4, 2, 16, 16, wl=window_left(20), resident=True, seed=29)
+        T = sum(q_lens)
+        g = torch.Generator().manual_seed(30)
+        k, v = torch.randn(T, 2, 16, generator=g), torch.randn(T, 2, 16, generator=g)
+        slots = torch.full((T,), -1, dtype=torch.int32)
+        last = batch.cu_q[1:].long() - 1
+        slots[last] = _own_slots(batch)  # each sequence's last query writes its key; the others nothing
+        offs = (batch.k_offset, batch.v_offset, batch.page_size)
+        want_arena = batch.arena.clone()
+        ops.kv_write_(want_arena, k, v, slots, *offs, kernels="triton")
+        args = list(batch.args())
+        args[1] = want_arena
+        want = ops.paged_attention(*args, kernels="triton")
+        for kernels in ("triton", "reference"):
+            arena = batch.arena.clone()
+            got = torch.ops.g4rt.kv_write_attention_(arena, k, v, slots, batch.q, *batch.args()[2:], kernels)
+            tol = 0 if kernels == "triton" else 2e-5
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            torch.testing.assert_close(arena, want_arena, atol=0, rtol=0)
+
+
 def test_ops_with_triton_kernels(monkeypatch):
     """kernels="triton" sends CPU tensors through the op to the kernels (under the interpreter)."""
     calls = []
