@@ -93,20 +93,19 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
 
 
 @triton.jit
-def _write_own_key(arena_ptr, k_new_ptr, v_new_ptr, slots_ptr, t, h, mine, k_offset, v_offset, stride_frame,
+def _store_own_key(arena_ptr, k_row, v_row, slot, mine, h, k_offset, v_offset, stride_frame,
                    HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
-    """Token t's K and V rows of KV head h into the arena at its slot (kv_write's rows, cast as it casts), where
-    `mine` and the slot is not -1; then a barrier of the program's threads, after which its loads see the rows.
-    Only the program that writes a key reads it, so no other program waits for it."""
+    """A token's K and V rows of KV head h (read beside q) into the arena at its slot, cast as kv_write casts them,
+    where `mine` and the slot is not -1; then a barrier of the program's threads, after which its loads see the
+    rows. Only the program that writes a key reads it, so no other program waits for it."""
     d = tl.arange(0, D)
-    slot = tl.load(slots_ptr + t) + tl.zeros([D], tl.int32)  # broadcast: the interpreter rejects block & scalar masks
+    slot = slot + tl.zeros([D], tl.int32)  # broadcast: the interpreter rejects block & scalar masks
     ok = (slot >= 0) & ((mine.to(tl.int32) + tl.zeros([D], tl.int32)) != 0)
     safe = tl.where(ok, slot, 0)
     dst = (safe // PAGE).to(tl.int64) * stride_frame + ((safe % PAGE) * HKV + h) * D + d
-    src = (t.to(tl.int64) * HKV + h) * D + d
     dtype = arena_ptr.dtype.element_ty
-    tl.store(arena_ptr + k_offset + dst, tl.load(k_new_ptr + src, mask=ok).to(dtype), mask=ok)
-    tl.store(arena_ptr + v_offset + dst, tl.load(v_new_ptr + src, mask=ok).to(dtype), mask=ok)
+    tl.store(arena_ptr + k_offset + dst, k_row.to(dtype), mask=ok)
+    tl.store(arena_ptr + v_offset + dst, v_row.to(dtype), mask=ok)
     tl.debug_barrier()
 
 
@@ -125,7 +124,7 @@ def _paged_attn_kernel(
     # DV_SPLIT > 1: each program writes 1/DV_SPLIT of the output's columns (same scores, recomputed),
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
     # WRITE (decode only): the step's K/V rows (k_new, v_new [B, HKV, D]) go to their slots first, by the one
-    # program whose key run holds the query's own key, the only one that reads it (`_write_own_key`).
+    # program whose key run holds the query's own key, the only one that reads it (`_store_own_key`).
     await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
@@ -161,6 +160,10 @@ def _paged_attn_kernel(
     q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    if WRITE:  # the step's K/V rows and slot, read beside q (one round trip); stored once the key range is known
+        own = (q_start.to(tl.int64) * HKV + h) * D + d
+        k_row, v_row = tl.load(k_new_ptr + own), tl.load(v_new_ptr + own)
+        slot = tl.load(slots_ptr + q_start)
     qk_scale = tl.cast(scale, tl.float32) * 1.4426950408889634
 
     # The keys this tile can see: [k_lo, k_hi). A negative window_left means none; it becomes a
@@ -180,8 +183,8 @@ def _paged_attn_kernel(
     j0 = tl.minimum(tl.maximum(tl.cdiv(p_last - wl - t_begin, BLOCK_N), 0), tiles)
     j1 = tl.maximum(tl.minimum((tl.minimum(p_first + 1, t_end) - t_begin) // BLOCK_N, tiles), j0)
     if WRITE:
-        _write_own_key(arena_ptr, k_new_ptr, v_new_ptr, slots_ptr, q_start, h, (p_last >= t_begin) & (p_last < t_end),
-                       k_offset, v_offset, stride_frame, HKV, D, PAGE)
+        _store_own_key(arena_ptr, k_row, v_row, slot, (p_last >= t_begin) & (p_last < t_end), h, k_offset, v_offset,
+                       stride_frame, HKV, D, PAGE)
 
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)

@@ -3,7 +3,8 @@
 Grid (T, cdiv(Hkv * D, BLOCK)): one program copies a BLOCK-wide piece of one token's K row and the
 same piece of its V row. A position's Hkv * D elements are contiguous in both the source and the
 page (README layout), so every access is a straight vector copy. Slot -1 writes nothing; the mask
-does it, so there is no host-side filtering and no sync.
+does it, so there is no host-side filtering and no sync. `kv_write_attention_` is a cache-owning layer's write
+and attention: a decode step's in the attention launch alone (triton_attention's WRITE), any other's in two.
 """
 from __future__ import annotations
 
