@@ -31,6 +31,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from g4rt.plugins import gluon_attention as ga
+from g4rt.plugins import launch
 from g4rt.plugins import triton_attention as ta
 from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
@@ -119,7 +120,7 @@ def main(argv=None):
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
     ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx")
     args = ap.parse_args(argv)
-    if ta.interpreting():
+    if launch.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
     if args.write and not args.decode:
         ap.error("--write: only a decode launch writes the step's K/V rows itself (add --decode)")

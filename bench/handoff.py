@@ -40,7 +40,7 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from g4rt.plugins.gluon_attention import _sync, _tma_load
 from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, kernel_fits, slice_dot, x_tile
-from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
+from g4rt.plugins.launch import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
 from .common import ceilings, log_json, time_ms

@@ -34,7 +34,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_attention import _sync, _tma_load
-from .triton_attention import hopper, interpreting, sm_count
+from .launch import hopper, interpreting, sm_count
 from .triton_norm import gelu_tanh_rounded
 
 BLOCK_N = 16  # weight rows (output columns) a program: the most programs for a small weight, 2 an SM with the next

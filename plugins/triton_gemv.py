@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .gluon_gemv import (copied_add_norm_gelu_linear, copied_add_norm_linear, copied_linear, copies_take,
                          gate_copies_take)
-from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
+from .launch import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 128  # rows of x one launch takes, in one row tile (row_tile)

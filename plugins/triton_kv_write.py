@@ -12,7 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, paged_attention, pdl_launch
+from .launch import await_inputs, pdl_launch
+from .triton_attention import paged_attention
 
 
 @triton.jit

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, interpreting, launch_next, pdl_launch
+from .launch import await_inputs, interpreting, launch_next, pdl_launch
 
 
 # Rows (tokens) a program of the row kernels and of the q/k/v kernel takes under the Triton interpreter (CPU

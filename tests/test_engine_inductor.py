@@ -65,8 +65,8 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
     per-layer compiled step computes eager's bits: logits and every K/V element. This is what lets the
     H200 run demand identical greedy tokens. The E2B-like model adds the PLE blocks and KV-shared layers."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
-    from g4rt.plugins import triton_attention
-    if not triton_attention.interpreting():
+    from g4rt.plugins import launch
+    if not launch.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
     model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
     if packed:

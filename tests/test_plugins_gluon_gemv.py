@@ -15,14 +15,14 @@ import torch
 pytest.importorskip("triton", reason="the triton extra is not installed")
 
 from g4rt.plugins import gluon_gemv as gg  # noqa: E402
-from g4rt.plugins import triton_attention as ta  # noqa: E402
+from g4rt.plugins import launch  # noqa: E402
 from g4rt.plugins import triton_gemv as tg  # noqa: E402
 
-ON_HOPPER = not ta.interpreting() and torch.cuda.is_available() and ta.hopper(torch.device("cuda"))
+ON_HOPPER = not launch.interpreting() and torch.cuda.is_available() and launch.hopper(torch.device("cuda"))
 # [N, K] of the E4B's and E2B's projections the rule gives the kernel: sliding packed q/k/v, sliding o_proj, PLE
 # projection, KV-shared q_proj.
 SHAPES = [(3072, 2560), (2560, 2048), (2560, 256), (2048, 2560), (2560, 1536), (1536, 2048), (1536, 256)]
-SMS = ta.sm_count(torch.device("cpu"))  # an H200's, as the op counts them off CUDA
+SMS = launch.sm_count(torch.device("cpu"))  # an H200's, as the op counts them off CUDA
 
 
 def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():

@@ -17,13 +17,13 @@ import torch
 
 triton = pytest.importorskip("triton", reason="the triton extra is not installed")
 
-from g4rt.plugins import ops, window_left  # noqa: E402
+from g4rt.plugins import launch, ops, window_left  # noqa: E402
 from g4rt.plugins import triton_attention as ta  # noqa: E402
 from g4rt.plugins import triton_kv_write as tkv  # noqa: E402
 from fixtures import make_paged_batch  # noqa: E402
 from g4rt.plugins.reference import kv_write_ref, paged_attention_ref  # noqa: E402
 
-if not ta.interpreting():
+if not launch.interpreting():
     pytest.fail("TRITON_INTERPRET=1 must be set before triton is imported (CPU has no GPU kernels)",
                 pytrace=False)
 
@@ -307,7 +307,7 @@ def test_no_dependent_launch_off_hopper():
     never under the interpreter (no grid dependency control there); the kernels then take the plain
     launch, as every test here runs them."""
     cpu = torch.device("cpu")
-    assert ta.interpreting() and not ta.pdl(cpu) and ta.pdl_launch(cpu) == {"PDL": False, "launch_pdl": False}
+    assert launch.interpreting() and not launch.pdl(cpu) and launch.pdl_launch(cpu) == {"PDL": False, "launch_pdl": False}
 
 
 def test_which_launches_take_the_gluon_kernel():
