@@ -4,7 +4,7 @@ registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DI
 the loop's copies and matmuls sit, their layouts) and PTX.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
-        [--decode [--splits 1] [--programs-per-sm 0] [--write]] [--window] [--dtype bfloat16]
+        [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
         [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
 
@@ -40,13 +40,14 @@ ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in ev
 
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
                      splits: int = 1, programs_per_sm: float = 0.0, window: bool = False, dtype: str = "bfloat16",
-                     config: dict | None = None, arch: int = 90, write: bool = False) -> dict:
+                     config: dict | None = None, arch: int = 90, write: bool = False, norm: bool = False) -> dict:
     """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
     where `takes_wgmma` holds (Hopper and later), else `_paged_attn_kernel`; returns which, the tiles, whether
     the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX.
-    `write`: a decode launch that writes the step's K/V rows itself (`paged_attention(write=...)`)."""
-    if write and not decode:
-        raise ValueError("write: only a decode launch writes the step's K/V rows itself")
+    `write`: a decode launch that writes the step's K/V rows itself (`paged_attention(write=...)`); `norm`: one
+    that norms and ropes its q, and with `write` those rows, from the layer's packed projection (`norms=`)."""
+    if (write or norm) and not decode:
+        raise ValueError("write, norm: only a decode launch writes the step's K/V rows or norms its q itself")
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
@@ -66,11 +67,13 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                      page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
-        const["PDL"], const["WRITE"] = arch >= 90, write
-        if write:
-            sig.update(k_new_ptr=f"*{t}", v_new_ptr=f"*{t}", slots_ptr="*i32")
-        else:
-            const.update(k_new_ptr=None, v_new_ptr=None, slots_ptr=None)
+        const.update(PDL=arch >= 90, WRITE=write, NORM=norm)
+        rows = {"k_new_ptr": f"*{t}" if write and not norm else None, "v_new_ptr": f"*{t}" if write and not norm
+                else None, "slots_ptr": "*i32" if write else None, "qw_ptr": f"*{t}" if norm else None,
+                "kw_ptr": f"*{t}" if norm and write else None, "cos_ptr": f"*{t}" if norm else None,
+                "sin_ptr": f"*{t}" if norm else None, "eps": "fp32" if norm else None}
+        sig.update({name: kind for name, kind in rows.items() if kind})
+        const.update({name: None for name, kind in rows.items() if not kind})
         if tma:
             sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
             sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
@@ -113,6 +116,8 @@ def main(argv=None):
                          "head-dim-256 tile is the one-warp one (the 31B's sliding layers from batch 64: 7.8)")
     ap.add_argument("--write", action="store_true",
                     help="a decode that writes the step's K/V rows itself (a cache-owning layer's decode launch)")
+    ap.add_argument("--norm", action="store_true",
+                    help="a decode that norms and ropes its q (with --write, its K/V rows too) from the projection")
     ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TRITON_DTYPES))
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
@@ -122,8 +127,8 @@ def main(argv=None):
     args = ap.parse_args(argv)
     if launch.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
-    if args.write and not args.decode:
-        ap.error("--write: only a decode launch writes the step's K/V rows itself (add --decode)")
+    if (args.write or args.norm) and not args.decode:
+        ap.error("--write, --norm: only a decode launch writes the step's K/V rows or norms its q (add --decode)")
     try:
         config = json.loads(args.config)
     except json.JSONDecodeError as e:
@@ -131,7 +136,7 @@ def main(argv=None):
     report = attention_report(head_dim=args.head_dim, page=args.page, q_heads=args.q_heads,
                               kv_heads=args.kv_heads, decode=args.decode, splits=args.splits,
                               programs_per_sm=args.programs_per_sm, window=args.window,
-                              dtype=args.dtype, config=config, arch=args.arch, write=args.write)
+                              dtype=args.dtype, config=config, arch=args.arch, write=args.write, norm=args.norm)
     if args.ir:
         os.makedirs(args.ir, exist_ok=True)
         for ext in ("ttgir", "ptx"):

@@ -33,6 +33,8 @@ is wrong, so UPCAST loads tiles as fp32 there (set automatically).
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -41,6 +43,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from . import gluon_attention
 from .buckets import pow2_bucket
 from .launch import await_inputs, hopper, interpreting, pdl_launch, sm_count
+from .triton_norm import joined, norm_rope, v_norm
 
 
 @triton.jit
@@ -111,11 +114,12 @@ def _store_own_key(arena_ptr, k_row, v_row, slot, mine, h, k_offset, v_offset, s
 def _paged_attn_kernel(
     q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
     scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits, k_desc, v_desc,
-    k_new_ptr, v_new_ptr, slots_ptr,
+    k_new_ptr, v_new_ptr, slots_ptr, stride_q, qw_ptr, kw_ptr, cos_ptr, sin_ptr, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    TMA: tl.constexpr = False, WRITE: tl.constexpr = False, PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False, WRITE: tl.constexpr = False, NORM: tl.constexpr = False, K_EQ_V: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -123,6 +127,9 @@ def _paged_attn_kernel(
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
     # WRITE (decode only): the step's K/V rows (k_new, v_new [B, HKV, D]) go to their slots first, by the one
     # program whose key run holds the query's own key, the only one that reads it (`_store_own_key`).
+    # NORM (decode only): q_ptr is the layer's packed q/k/v projection (tokens stride_q apart, triton_norm's q/k/v
+    # kernel's input), whose q the kernel norms and ropes itself (qw, cos, sin, eps); with WRITE the own K/V rows
+    # come from it too (kw; K_EQ_V: V is the raw K), not from k_new / v_new.
     await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
@@ -154,13 +161,27 @@ def _paged_attn_kernel(
     pos = kv_len - q_len + qi  # absolute position of each row's query
     d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
-    q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
-    q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view (the output's)
+    dtype = out_ptr.dtype.element_ty
+    if NORM:
+        q = joined(*norm_rope(q_ptr, (q_start + qi).to(tl.int64) * stride_q + (h * G + g) * D, q_start + qi, row_ok,
+                              qw_ptr, cos_ptr, sin_ptr, eps, D, dtype))
+    else:
+        q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
     if WRITE:  # the step's K/V rows and slot, read beside q (one round trip); stored once the key range is known
-        own = (q_start.to(tl.int64) * HKV + h) * D + d
-        k_row, v_row = tl.load(k_new_ptr + own), tl.load(v_new_ptr + own)
+        t0 = q_start.to(tl.int64)
+        if NORM:
+            tok = tl.zeros([1], tl.int64) + t0
+            one = tok >= 0
+            v_head = HQ + h if K_EQ_V else HQ + HKV + h
+            k_row = tl.reshape(joined(*norm_rope(q_ptr, tok * stride_q + (HQ + h) * D, tok, one, kw_ptr, cos_ptr,
+                                                 sin_ptr, eps, D, dtype)), [D])
+            v_row = tl.reshape(v_norm(q_ptr, tok * stride_q + v_head * D, one, eps, D, dtype), [D])
+        else:
+            own = (t0 * HKV + h) * D + d
+            k_row, v_row = tl.load(k_new_ptr + own), tl.load(v_new_ptr + own)
         slot = tl.load(slots_ptr + q_start)
     qk_scale = tl.cast(scale, tl.float32) * 1.4426950408889634
 
@@ -353,12 +374,25 @@ def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size:
             TensorDescriptor(flat[v_offset:], shape, strides, [1, block_n, dv]))
 
 
+class Norms(NamedTuple):
+    """What a decode launch norms and ropes its q with, and where the layer owns a cache its K/V rows, from the
+    layer's packed q/k/v projection: triton_norm.qkv_norm_rope's arguments less the projection (k_weight None: a
+    KV-shared layer, whose projection is q alone). cos and sin [T, head_dim] contiguous."""
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor | None
+    eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+    num_q_heads: int
+    k_eq_v: bool
+
+
 def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
                     page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
                     page_size: int, num_kv_heads: int, window_left: int, scale: float, *,
                     out: torch.Tensor | None = None, num_splits: int | None = None,
                     config: dict | None = None, decode: bool | None = None,
-                    write: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                    write: tuple | None = None, norms: Norms | None = None) -> torch.Tensor:
     """Launch the kernel(s); same arguments as the op. No host syncs: every launch parameter comes
     from shapes and Python ints.
 
@@ -369,8 +403,20 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     copy its interior tiles by tensor-memory copies where `takes_copies` and `kv_descriptors` allow),
     `decode` (force or forbid the decode launch shape; it needs T == B). `write`: the step's (k, v, slots), as
     kv_write_ takes them, which a decode launch writes to the arena itself before it reads them
-    (triton_kv_write.kv_write_attention_ is the op's body: it writes them first where the launch is no decode)."""
-    T, HQ, D = q.shape
+    (triton_kv_write.kv_write_attention_ is the op's body: it writes them first where the launch is no decode).
+    `norms` (a decode launch only): `q` is then a layer's packed q/k/v projection, whose q the kernel norms and
+    ropes itself (`Norms`); `write` is then (None, None, slots), the rows coming from the projection too."""
+    if norms is None:
+        T, HQ, D = q.shape
+        q = q.contiguous()
+    else:
+        (T, width), HQ, D = q.shape, norms.num_q_heads, norms.cos.shape[-1]
+        heads = HQ + (0 if norms.k_weight is None else (1 if norms.k_eq_v else 2) * num_kv_heads)
+        if q.dim() != 2 or width != heads * D or q.stride(1) != 1:
+            raise ValueError(f"norms: q must be the packed projection [T, {heads} heads x {D}] with unit column "
+                             f"stride, got {tuple(q.shape)} strides {q.stride()}")
+        if (write is None) != (norms.k_weight is None) or (write is not None and write[0] is not None):
+            raise ValueError("norms: write must be (None, None, slots) exactly where the projection holds K/V")
     B = kv_lens.shape[0]
     HKV = num_kv_heads
     if HQ % HKV or D < 16 or D & (D - 1):
@@ -384,6 +430,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if write is not None and not is_decode:
         raise ValueError("write: only a decode launch writes the step's K/V rows itself; write them first "
                          "(kv_write_) for a prefill or mixed step")
+    if norms is not None and not is_decode:
+        raise ValueError("norms: only a decode launch norms and ropes its q itself; run the q/k/v norm kernel "
+                         "first for a prefill or mixed step")
     if is_decode and num_splits is None:
         max_keys = pow2_bucket(page_table.shape[1]) * page_size
         if window_left >= 0:
@@ -393,9 +442,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     # per SM, from the batch's graph bucket (as decode_splits): an eager step and its padded replay pick one tile
     per_sm = pow2_bucket(B) * HKV / sm_count(q.device) if is_decode else 0.0
     cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm), **(config or {})}
-    q = q.contiguous()
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(T, HQ, D)
     if T == 0:
         return out
     if num_splits > 1:
@@ -422,9 +470,10 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
-        num_splits, *(descs or (None, None)), *(write or (None, None, None)), **consts, WRITE=write is not None,
-        num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_launch(q.device),
+        num_splits, *(descs or (None, None)), *(write or (None, None, None)), q.stride(0),
+        *((norms.q_weight, norms.k_weight, norms.cos, norms.sin, float(norms.eps)) if norms else (None,) * 5),
+        **consts, WRITE=write is not None, NORM=norms is not None, K_EQ_V=bool(norms and norms.k_eq_v),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits),

@@ -5,6 +5,10 @@ same piece of its V row. A position's Hkv * D elements are contiguous in both th
 page (README layout), so every access is a straight vector copy. Slot -1 writes nothing; the mask
 does it, so there is no host-side filtering and no sync. `kv_write_attention_` is a cache-owning layer's write
 and attention: a decode step's in the attention launch alone (triton_attention's WRITE), any other's in two.
+`projected_attention_` is a layer's q/k/v norms and RoPE, its write and its attention from its packed projection:
+a decode step's in the attention launch alone (WRITE and NORM), any other's as the q/k/v norm kernel and then the
+two; registered here as the op `g4rt::projected_attention_` (Triton only: models/paged.py calls it with the Triton
+kernels, and norms by the model's reference blocks otherwise).
 """
 from __future__ import annotations
 
@@ -13,7 +17,8 @@ import triton
 import triton.language as tl
 
 from .launch import await_inputs, pdl_launch
-from .triton_attention import paged_attention
+from .triton_attention import Norms, paged_attention
+from .triton_norm import q_norm_rope, qkv_norm_rope
 
 
 @triton.jit
@@ -60,3 +65,39 @@ def kv_write_attention_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, s
         return paged_attention(*args, write=(k.contiguous(), v.contiguous(), slots))
     kv_write_(arena, k, v, slots, k_offset, v_offset, page_size)
     return paged_attention(*args)
+
+
+def projected_attention_(arena: torch.Tensor, y: torch.Tensor, q_weight: torch.Tensor, k_weight: torch.Tensor | None,
+                         eps: float, cos: torch.Tensor, sin: torch.Tensor, num_q_heads: int, k_eq_v: bool,
+                         slots: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_table: torch.Tensor,
+                         first_page: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
+                         window_left: int, scale: float) -> torch.Tensor:
+    """A layer's attention from its packed q/k/v projection y (triton_norm.qkv_norm_rope's input; q alone where
+    k_weight is None, a KV-shared layer, which writes nothing): a decode step in one launch, any other as the q/k/v
+    norm kernel and then kv_write_attention_ (paged_attention on a KV-shared layer)."""
+    rest = (cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads, window_left, scale)
+    if y.shape[0] == kv_lens.shape[0]:
+        norms = Norms(q_weight, k_weight, eps, cos.contiguous(), sin.contiguous(), num_q_heads, k_eq_v)
+        return paged_attention(y, arena, *rest, write=None if k_weight is None else (None, None, slots), norms=norms)
+    if k_weight is None:
+        return paged_attention(q_norm_rope(y, q_weight, eps, cos, sin), arena, *rest)
+    q, k, v = qkv_norm_rope(y, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v)
+    return kv_write_attention_(arena, k, v, slots, q, *rest)
+
+
+@torch.library.custom_op("g4rt::projected_attention_", mutates_args=("arena",))
+def _projected_attention_op(arena: torch.Tensor, y: torch.Tensor, q_weight: torch.Tensor,
+                            k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
+                            num_q_heads: int, k_eq_v: bool, slots: torch.Tensor, cu_q: torch.Tensor,
+                            kv_lens: torch.Tensor, page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int,
+                            v_offset: int, page_size: int, num_kv_heads: int, window_left: int,
+                            scale: float) -> torch.Tensor:
+    return projected_attention_(arena, y, q_weight, k_weight, eps, cos, sin, num_q_heads, k_eq_v, slots, cu_q,
+                                kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
+                                window_left, scale)
+
+
+@_projected_attention_op.register_fake
+def _(arena, y, q_weight, k_weight, eps, cos, sin, num_q_heads, k_eq_v, slots, cu_q, kv_lens, page_table, first_page,
+      k_offset, v_offset, page_size, num_kv_heads, window_left, scale):
+    return y.new_empty(y.shape[0], num_q_heads, cos.shape[-1])

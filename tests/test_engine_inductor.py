@@ -78,6 +78,56 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
     assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
 
 
+@pytest.mark.slow
+def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(monkeypatch):
+    """A decode step of the E2B-like model with the plugin kernels and packed q/k/v (as on CUDA): every layer's
+    attention launch takes its projection (its q norms and RoPE, and on cache-owning layers the KV write, inside it),
+    and the step computes the bits of the same step whose layers run the q/k/v norm kernel first, in the eager and
+    the compiled engine: logits and arena."""
+    pytest.importorskip("triton", reason="the triton extra is not installed")
+    from g4rt.models import paged
+    from g4rt.plugins import launch
+    from g4rt.plugins import triton_kv_write as tkv
+    if not launch.interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
+    model = random_model(tiny_config("e2b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
+    model.pack_weights()
+    geometry = PageGeometry.build(model.layout, page_tokens=4)
+    sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
+    for prompt in (list(range(3, 40)), list(range(50, 61))):
+        sched.add(prompt, SamplingParams(max_new_tokens=3), ())
+    prefill = sched.schedule()
+    sched.commit(prefill, [7, 9])
+    decode = sched.schedule().batch
+    assert decode.num_tokens == 2 == decode.kv_lens.shape[0]
+    launches = []
+    real = tkv.paged_attention  # the attention launches of kv_write_attention_ and projected_attention_
+    monkeypatch.setattr(tkv, "paged_attention", lambda *a, **kw: launches.append(kw.get("norms")) or real(*a, **kw))
+
+    def run(engine_of):
+        arena = Arena.for_geometry(geometry, 32)
+        engine = engine_of(arena)
+        engine.step(prefill.batch)
+        launches.clear()
+        with torch.inference_mode():
+            return engine.step(decode), arena.tensor.clone()
+
+    eager = run(lambda arena: EagerEngine(model, geometry, arena))
+    assert len(launches) == model.config.num_hidden_layers and all(n is not None for n in launches)
+    compiled = InductorEngine(model, geometry, 32, compile_mode="default")
+    launches.clear()
+    with torch.inference_mode():
+        compiled.compiled(*prefill.batch.tensors())
+        out = compiled.compiled(*decode.tensors())
+    assert all(n is not None for n in launches[-model.config.num_hidden_layers:])
+    monkeypatch.setattr(paged.PagedStep, "attention_over", lambda self, arena, cu_q, kv_lens, *groups: (
+        paged.StepAttention(self, arena, cu_q, kv_lens, self._groups(kv_lens, *groups))))
+    unfused = run(lambda arena: EagerEngine(model, geometry, arena))
+    assert not any(n is not None for n in launches)
+    assert torch.equal(eager[0], unfused[0]) and torch.equal(eager[1], unfused[1])
+    assert torch.equal(out, eager[0]) and torch.equal(compiled.arena.tensor, eager[1])
+
+
 def test_layers_of_one_shape_share_compiled_graphs():
     """18 layers of two shapes (sliding, full) compile to 2 pieces x 2 shapes = 4 graphs, and one more for the
     first layer's attention_inputs (no residual step of a layer before it to form). Were a piece to read the layer

@@ -281,6 +281,73 @@ def test_the_write_attention_op_is_the_two_ops():
             torch.testing.assert_close(arena, want_arena, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype,heads", [(torch.float32, "kv"), (torch.bfloat16, "k_eq_v"), (torch.bfloat16, "q")])
+def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads):
+    """A decode's attention launch from a layer's packed projection (`norms`) gives the bits of the q/k/v norm
+    kernel, kv_write_ and paged_attention: the output, and the arena where the layer owns a cache ("kv", "k_eq_v";
+    "q": a KV-shared layer, which writes nothing). The own rows start as NaN; a -1 slot writes nothing."""
+    from g4rt.plugins import triton_norm as tn
+    hq, hkv, D = 4, 2, 32
+    batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31)
+    slots = _own_slots(batch)
+    slots[1] = -1
+    g = torch.Generator().manual_seed(32)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    width = (hq if heads == "q" else hq + (1 if heads == "k_eq_v" else 2) * hkv) * D
+    y = rand(3, width + 8)[:, :width]  # row stride past the width, as a packed projection's view may have
+    qw, kw = rand(D) + 1, None if heads == "q" else rand(D) + 1
+    cos, sin = rand(3, D), rand(3, D)
+    arena = batch.poisoned_arena()
+    for s in slots[slots >= 0].tolist() if kw is not None else ():  # a KV-shared layer reads rows written before
+        f, r = divmod(s, batch.page_size)
+        for off in (batch.k_offset, batch.v_offset):
+            arena[f, off + r * hkv * D: off + (r + 1) * hkv * D] = float("nan")
+    args = list(batch.args())
+    three = arena.clone()
+    args[1] = three
+    if kw is None:
+        want = ta.paged_attention(tn.q_norm_rope(y, qw, 1e-6, cos, sin), *args[1:], num_splits=splits)
+    else:
+        q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, hq, hkv, heads == "k_eq_v")
+        tkv.kv_write_(three, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
+        want = ta.paged_attention(q, *args[1:], num_splits=splits)
+    one = arena.clone()
+    args[1] = one
+    norms = ta.Norms(qw, kw, 1e-6, cos, sin, hq, heads == "k_eq_v")
+    got = ta.paged_attention(y, *args[1:], num_splits=splits, norms=norms,
+                             write=None if kw is None else (None, None, slots))
+    assert torch.isfinite(got[[0, 2]]).all()
+    assert torch.equal(_bits(got), _bits(want)) and torch.equal(_bits(one), _bits(three))
+    with pytest.raises(ValueError, match="only a decode launch"):
+        ta.paged_attention(y, *args[1:], decode=False, norms=norms, write=None if kw is None else (None, None, slots))
+    with pytest.raises(ValueError, match="norms: write must be"):
+        ta.paged_attention(y, *args[1:], norms=norms, write=(None, None, slots) if kw is None else None)
+
+
+def test_the_projected_attention_op_is_the_norms_then_the_write_attention():
+    """`g4rt::projected_attention_` on a decode (one launch) and on a mixed step (the norm kernel, kv_write_,
+    paged_attention): the arena and output of the three kernels."""
+    from g4rt.plugins import triton_norm as tn
+    for q_lens, kv_lens in (([1, 1], [33, 70]), ([1, 5, 2], [33, 5, 70])):
+        batch = batch_of(q_lens, kv_lens, 4, 2, 16, 16, wl=window_left(20), resident=True, seed=37)
+        T = sum(q_lens)
+        g = torch.Generator().manual_seed(38)
+        y, qw, kw = torch.randn(T, 8 * 16, generator=g), torch.randn(16, generator=g), torch.randn(16, generator=g)
+        cos, sin = torch.randn(T, 16, generator=g), torch.randn(T, 16, generator=g)
+        slots = torch.full((T,), -1, dtype=torch.int32)
+        slots[batch.cu_q[1:].long() - 1] = _own_slots(batch)
+        offs = (batch.k_offset, batch.v_offset, batch.page_size)
+        q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, 4, 2, False)
+        want_arena = batch.arena.clone()
+        tkv.kv_write_(want_arena, k, v, slots, *offs)
+        want = ta.paged_attention(q, want_arena, *batch.args()[2:])
+        arena = batch.arena.clone()
+        got = torch.ops.g4rt.projected_attention_(arena, y, qw, kw, 1e-6, cos, sin, 4, False, slots,
+                                                  *batch.args()[2:6], *offs, 2, batch.window_left, batch.scale)
+        assert torch.equal(got, want) and torch.equal(arena, want_arena)
+
+
 def test_ops_with_triton_kernels(monkeypatch):
     """kernels="triton" sends CPU tensors through the op to the kernels (under the interpreter)."""
     calls = []
