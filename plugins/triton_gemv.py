@@ -48,7 +48,8 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 # 6,144] took 0.115 ms over 12 layers cut in 4 against 0.160 for the fastest unsplit tile; K of 1,536-2,048
 # gained nothing (export/results, session 12).
 SPLIT_MIN_K = 4096
-MAX_SPLITS = 8
+MAX_SPLITS = 16
+SPLIT_PROGRAMS = 2  # programs per SM a cut over K aims for
 # A weight so narrow that even the narrowest tile gives fewer than 3/5 of the SMs a program (the PLE gates'
 # 256 columns, the MoE router's 128) takes the widest narrow tile cut over K from this K on: the E4B's PLE
 # gate [256 x 2,560] at batch 1 on the H200, 35 layers, 0.164 ms on 16 unsplit 16-column blocks against
@@ -302,8 +303,8 @@ def gemv_plan(n: int, k: int, device: torch.device,
     programs). The stages never change the order of the sums."""
     sms = sm_count(device)
 
-    def cut(config):  # config's column blocks, K cut into enough runs for every SM to get a program
-        return config, min(MAX_SPLITS, triton.cdiv(sms, triton.cdiv(n, config[0])))
+    def cut(config):  # config's column blocks, K cut into enough runs for SPLIT_PROGRAMS programs an SM
+        return config, min(MAX_SPLITS, triton.cdiv(SPLIT_PROGRAMS * sms, triton.cdiv(n, config[0])))
 
     if triton.cdiv(n, MODEL_CONFIG[0]) >= sms:
         return PACKED_GELU_CONFIG if packed_gelu and k >= PACKED_GELU_MIN_K else MODEL_CONFIG, 1
