@@ -60,7 +60,8 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         fn = ta._paged_attn_kernel
         sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
+                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma,
+                                     decode=decode)
         const["PDL"] = arch >= 90
         if tma:
             sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"

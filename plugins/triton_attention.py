@@ -46,6 +46,38 @@ from .buckets import pow2_bucket
 
 
 @triton.jit
+def _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV: tl.constexpr, D: tl.constexpr,
+               PAGE: tl.constexpr):
+    """Each key's offset in the arena, K or V's: its frame looked up in the page table."""
+    frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
+    return frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+
+
+@triton.jit
+def _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK: tl.constexpr, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr):
+    """A key tile's scores folded into the online softmax: (p, alpha, m_new, l_new)."""
+    if UPCAST:
+        kt = kt.to(tl.float32)
+    s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
+    if MASK:
+        seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _fold_values(acc, p, alpha, vt, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    if UPCAST:
+        vt = vt.to(tl.float32)
+    return acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
+
+
+@triton.jit
 def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset,
                   stride_frame, table_stride, t_end, dv0, k_desc, v_desc,
                   HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
@@ -67,28 +99,14 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
             page = tl.load(table_ptr + b * table_stride + (start // PAGE - first))
             kt = tl.reshape(k_desc.load([page, start % PAGE, h * D]), [BLOCK_N, D])
         else:
-            frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
-            base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+            base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
             kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
-        if MASK:
-            seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
-            s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK, UPCAST, PREC)
         if TMA:
             vt = tl.reshape(v_desc.load([page, start % PAGE, h * D + dv0]), [BLOCK_N, DV])
         else:
             vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
-        m_i = m_new
+        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
     return m_i, l_i, acc
 
 
@@ -99,13 +117,16 @@ def _paged_attn_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    TMA: tl.constexpr = False, PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False, PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
     # DV_SPLIT > 1: each program writes 1/DV_SPLIT of the output's columns (same scores, recomputed),
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
-    await_inputs(PDL)
+    # EARLY (a decode launch: one query a sequence): the launch's metadata and its split's first key tile, less the
+    # query's own key, are read before the wait (see the early tile below).
+    if not EARLY:
+        await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
     # Programs start in id order; numbered backwards, a prefill chunk's last query tiles, which see the
@@ -137,9 +158,6 @@ def _paged_attn_kernel(
     d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
     q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
-    q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
     qk_scale = tl.cast(scale, tl.float32) * 1.4426950408889634
 
     # The keys this tile can see: [k_lo, k_hi). A negative window_left means none; it becomes a
@@ -162,7 +180,33 @@ def _paged_attn_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DV], tl.float32)
-    if INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
+    if EARLY:
+        # The early tile: the split's first key tile. A decode's keys before the query's own (p_first) were written
+        # by earlier steps, or by an earlier layer of this one, all complete once the kernel before this one has
+        # let it launch (that kernel waits before it does), so their K is read while it runs; the query's own key,
+        # which that kernel may be writing, q and the tile's V (registers: K and V held across the wait spill)
+        # are read after the wait.
+        kn = t_begin + tl.arange(0, BLOCK_N)
+        k_ok = kn < t_end
+        base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
+        old = (k_ok & (kn < p_first))[:, None]
+        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=old, other=0.0)
+        await_inputs(PDL)
+        own = (k_ok & (kn == p_first))[:, None]
+        # from L2 (.cg): a line the early loads brought into L1 may hold the own key's bytes from before the write
+        kt = tl.where(own, tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=own, other=0.0,
+                                   cache_modifier=".cg"), kt)
+        vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
+    q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if EARLY:
+        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, True, UPCAST, PREC)
+        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + BLOCK_N, t_end, pos, wl, arena_ptr,
+                                      table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end,
+                                      dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC, False)
+    elif INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
                                       table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
@@ -357,7 +401,7 @@ def takes_wgmma(cfg: dict, decode: bool, window_left: int, head_dim: int, elem_b
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                      num_splits: int, fp32: bool, copies: bool) -> dict:
+                      num_splits: int, fp32: bool, copies: bool, decode: bool) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
     offline compile of the same kernel)."""
     group = num_q_heads // num_kv_heads
@@ -366,7 +410,7 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
                 BLOCK_Q=max(1, cfg["rows"] // gp),  # decode: padding rows, only query 0 of each sequence exists
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
-                TMA=copies)
+                TMA=copies, EARLY=decode)
 
 
 def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
@@ -443,7 +487,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
     consts = launch_constexprs(cfg, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=page_size,
-                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None)
+                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None,
+                               decode=is_decode)
     m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, consts["BLOCK_Q"])
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
