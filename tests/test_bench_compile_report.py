@@ -72,3 +72,21 @@ def test_a_bad_config_and_the_interpreter_are_named():
     assert r.returncode == 2 and "--config is not JSON" in r.stderr
     r = run(*FULL, interpret=True)
     assert r.returncode == 2 and "TRITON_INTERPRET is set" in r.stderr
+
+
+def test_a_decode_reads_its_first_key_tile_before_its_wait(tmp_path):
+    """A decode launch (the E2B's sliding layer at batch 1, four splits) asks for its split's first K tile
+    before it waits for the kernel before it, and for the query's own key, q and V after, the own key from L2
+    (`.cg`); a prefill launch reads nothing of the arena before its wait."""
+    def loads(*args):
+        report(tmp_path, *args)
+        ptx = (tmp_path / "attention.ptx").read_text()
+        wait = ptx.index("griddepcontrol.wait")
+        return ptx[:wait], ptx[wait:]
+
+    before, after = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window",
+                          "--decode", "--splits", "4")
+    assert before.count("ld.global.v4") >= 8  # the K tile: 64 keys x 256, 16 bytes a load
+    assert "ld.global.cg.v4" not in before and after.count("ld.global.cg.v4") >= 8
+    before, _ = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window")
+    assert "ld.global" not in before
