@@ -54,6 +54,15 @@ def _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV
 
 
 @triton.jit
+def _prefetch_rows(rows, nbytes):
+    """Ask L2 for `nbytes` (a multiple of 16; none where 0) from each of `rows` (16-byte aligned): one
+    `cp.async.bulk.prefetch.L2` a row, fire and forget (nothing waits for it, nothing on the SM holds the data)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [rows.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK: tl.constexpr, UPCAST: tl.constexpr,
                  PREC: tl.constexpr):
     """A key tile's scores folded into the online softmax: (p, alpha, m_new, l_new)."""
@@ -191,6 +200,8 @@ def _paged_attn_kernel(
         base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
         old = (k_ok & (kn < p_first))[:, None]
         kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=old, other=0.0)
+        if not UPCAST:  # the interpreter runs no inline assembly
+            _prefetch_rows(arena_ptr + v_offset + base + dv0, tl.where(k_ok, DV * 2, 0))
         await_inputs(PDL)
         own = (k_ok & (kn == p_first))[:, None]
         # from L2 (.cg): a line the early loads brought into L1 may hold the own key's bytes from before the write
