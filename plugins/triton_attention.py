@@ -5,7 +5,8 @@
   head's group are rows of one tile, so K/V are read once per group; the sequence's visible key
   range is cut into num_splits equal runs of tiles, each program writes an unnormalised partial
   (m, l, acc) and a small combine kernel merges them. With one split the main kernel writes
-  the output directly.
+  the output directly. A decode reads its metadata and its split's first K tile, less the query's own
+  key, before it waits for the kernel before it (`EARLY`; plugins/README.md says why that is safe).
 * **Prefill / chunked prefill / mixed batches**: grid cdiv(T - B + 1, BLOCK_Q) x B x Hkv; T - B + 1
   bounds any sequence's q_len because each sequence has >= 1 query token, and programs past their
   sequence's q_len return at once, so no host sync is needed to size the grid. A program's rows are
