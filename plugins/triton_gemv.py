@@ -297,7 +297,7 @@ def gemv_plan(n: int, k: int, device: torch.device,
     """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
     a program (PACKED_GELU_CONFIG for a packed gate/up with the GELU epilogue, `packed_gelu`, and K of at
     least PACKED_GELU_MIN_K); for a narrower weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut
-    into enough runs (at most MAX_SPLITS) for every SM to get a program; else the widest tile of
+    into enough runs (at most MAX_SPLITS) for SPLIT_PROGRAMS programs an SM; else the widest tile of
     NARROW_CONFIGS whose column blocks give 3/5 of the SMs a program; else, with K of at least
     NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way; else the narrowest (the most
     programs). The stages never change the order of the sums."""
