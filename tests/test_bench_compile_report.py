@@ -90,3 +90,39 @@ def test_a_decode_reads_its_first_key_tile_before_its_wait(tmp_path):
     assert "ld.global.cg.v4" not in before and after.count("ld.global.cg.v4") >= 8
     before, _ = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window")
     assert "ld.global" not in before
+
+
+BEFORE_ATTENTION = """
+import json
+import triton
+from triton.backends.compiler import GPUTarget
+from g4rt.plugins.triton_kv_write import _kv_write_kernel
+from g4rt.plugins.triton_norm import _qkv_norm_rope_kernel
+
+kernels = (
+    (_kv_write_kernel, dict(arena_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", slots_ptr="*i32", k_offset="i32",
+                            v_offset="i32", stride_frame="i32"), dict(PAGE=16, WIDTH=256, BLOCK=256, PDL=True)),
+    (_qkv_norm_rope_kernel, dict(qkv_ptr="*bf16", qw_ptr="*bf16", kw_ptr="*bf16", cos_ptr="*bf16", sin_ptr="*bf16",
+                                 q_ptr="*bf16", k_ptr="*bf16", v_ptr="*bf16", eps="fp32", stride_token="i32", T="i32"),
+     dict(HQ=8, HKV=1, K_EQ_V=False, D=256, BT=1, PDL=True)),
+)
+out = {}
+for fn, sig, const in kernels:
+    src = triton.compiler.ASTSource(fn, {**sig, **{k: "constexpr" for k in const}}, constexprs=const)
+    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32)).asm["ptx"]
+    out[fn.__name__] = [ptx.find("griddepcontrol.wait"), ptx.find("griddepcontrol.launch_dependents")]
+print(json.dumps(out))
+"""
+
+
+def test_the_kernels_before_a_decode_attention_wait_before_they_let_it_launch():
+    """The early tile's reads before the wait are safe because the kernel before a decode attention (the KV
+    write in a cache-owning layer, the q/k/v norm in a KV-shared one) lets it launch only after its own wait, so
+    every kernel before that one has ended: both compiled for sm_90, their wait comes before their trigger."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", BEFORE_ATTENTION], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    order = json.loads(r.stdout.strip().splitlines()[-1])
+    assert sorted(order) == ["_kv_write_kernel", "_qkv_norm_rope_kernel"]
+    for name, (wait, trigger) in order.items():
+        assert 0 <= wait < trigger, name
