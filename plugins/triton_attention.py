@@ -205,9 +205,7 @@ def _paged_attn_kernel(
             _prefetch_rows(arena_ptr + v_offset + base + dv0, tl.where(k_ok, DV * 2, 0))
         await_inputs(PDL)
         own = (k_ok & (kn == p_first))[:, None]
-        # from L2 (.cg): a line the early loads brought into L1 may hold the own key's bytes from before the write
-        kt = tl.where(own, tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=own, other=0.0,
-                                   cache_modifier=".cg"), kt)
+        kt = tl.where(own, tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=own, other=0.0), kt)
         vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
     q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
@@ -422,7 +420,15 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
                 BLOCK_Q=max(1, cfg["rows"] // gp),  # decode: padding rows, only query 0 of each sequence exists
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
-                TMA=copies, EARLY=decode)
+                TMA=copies, EARLY=decode and early_rows(head_dim, 4 if fp32 else 2))
+
+
+def early_rows(head_dim: int, elem_bytes: int) -> bool:
+    """Whether a decode may take the early tile (`EARLY`): a key's row of the arena is whole 128-byte cache lines
+    (every layer's offset and the frame are multiples of the head dim, layout.PageGeometry), so the early loads
+    never bring a line holding the query's own key into L1, where the reads after the wait would find its bytes
+    from before the write."""
+    return head_dim * elem_bytes % 128 == 0
 
 
 def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
