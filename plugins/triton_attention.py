@@ -127,7 +127,7 @@ def _paged_attn_kernel(
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    TMA: tl.constexpr = False, PDL: tl.constexpr = False, EARLY: tl.constexpr = False,
+    TMA: tl.constexpr = False, PDL: tl.constexpr = False, EARLY: tl.constexpr = False, L2_V: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -201,8 +201,9 @@ def _paged_attn_kernel(
         base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
         old = (k_ok & (kn < p_first))[:, None]
         kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=old, other=0.0)
-        if not UPCAST:  # the interpreter runs no inline assembly
-            _prefetch_rows(arena_ptr + v_offset + base + dv0, tl.where(k_ok, DV * 2, 0))
+        if L2_V:  # the tile's V asked of L2 (no registers held across the wait)
+            _prefetch_rows(arena_ptr + v_offset + base + dv0,
+                           tl.where(k_ok, DV * arena_ptr.dtype.element_ty.primitive_bitwidth // 8, 0))
         await_inputs(PDL)
         own = (k_ok & (kn == p_first))[:, None]
         kt = tl.where(own, tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=own, other=0.0), kt)
@@ -416,11 +417,12 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
     offline compile of the same kernel)."""
     group = num_q_heads // num_kv_heads
     gp = triton.next_power_of_2(group)
+    early = decode and early_rows(head_dim, 4 if fp32 else 2)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=max(1, cfg["rows"] // gp),  # decode: padding rows, only query 0 of each sequence exists
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
-                TMA=copies, EARLY=decode and early_rows(head_dim, 4 if fp32 else 2))
+                TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
 
 
 def early_rows(head_dim: int, elem_bytes: int) -> bool:

@@ -75,9 +75,9 @@ def test_a_bad_config_and_the_interpreter_are_named():
 
 
 def test_a_decode_reads_its_first_key_tile_before_its_wait(tmp_path):
-    """A decode launch (the E2B's sliding layer at batch 1, four splits) asks for its split's first K tile
-    before it waits for the kernel before it, and for the query's own key, q and V after; a prefill launch reads
-    nothing before its wait."""
+    """A decode launch (the E2B's sliding layer at batch 1, four splits) asks for its split's first K tile, and
+    L2 for its V, before it waits for the kernel before it, and for the query's own key, q and V after; a prefill
+    launch reads nothing before its wait."""
     def loads(*args):
         report(tmp_path, *args)
         ptx = (tmp_path / "attention.ptx").read_text()
@@ -87,6 +87,7 @@ def test_a_decode_reads_its_first_key_tile_before_its_wait(tmp_path):
     before, after = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window",
                           "--decode", "--splits", "4")
     assert before.count("ld.global.v4") >= 8  # the K tile: 64 keys x 256, 16 bytes a load
+    assert "cp.async.bulk.prefetch.L2" in before  # and its V asked of L2
     assert after.count("ld.global.v4") >= 3 * 8  # the own key's row of that tile, its V and q
     before, _ = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window")
     assert "ld.global" not in before
