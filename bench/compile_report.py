@@ -66,7 +66,8 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         fn = ta._paged_attn_kernel
         sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
+                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma,
+                                     decode=decode)
         const.update(PDL=arch >= 90, WRITE=write, NORM=norm)
         rows = {"k_new_ptr": f"*{t}" if write and not norm else None, "v_new_ptr": f"*{t}" if write and not norm
                 else None, "slots_ptr": "*i32" if write else None, "qw_ptr": f"*{t}" if norm else None,

@@ -5,7 +5,8 @@
   head's group are rows of one tile, so K/V are read once per group; the sequence's visible key
   range is cut into num_splits equal runs of tiles, each program writes an unnormalised partial
   (m, l, acc) and a small combine kernel merges them. With one split the main kernel writes
-  the output directly.
+  the output directly. A decode reads its metadata and its split's first K tile, less the query's own
+  key, before it waits for the kernel before it (`EARLY`; plugins/README.md says why that is safe).
 * **Prefill / chunked prefill / mixed batches**: grid cdiv(T - B + 1, BLOCK_Q) x B x Hkv; T - B + 1
   bounds any sequence's q_len because each sequence has >= 1 query token, and programs past their
   sequence's q_len return at once, so no host sync is needed to size the grid. A program's rows are
@@ -47,6 +48,47 @@ from .triton_norm import joined, norm_rope, v_norm
 
 
 @triton.jit
+def _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV: tl.constexpr, D: tl.constexpr,
+               PAGE: tl.constexpr):
+    """Each key's offset in the arena, K or V's: its frame looked up in the page table."""
+    frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
+    return frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+
+
+@triton.jit
+def _prefetch_rows(rows, nbytes):
+    """Ask L2 for `nbytes` (a multiple of 16; none where 0) from each of `rows` (16-byte aligned): one
+    `cp.async.bulk.prefetch.L2` a row, fire and forget (nothing waits for it, nothing on the SM holds the data)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [rows.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK: tl.constexpr, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr):
+    """A key tile's scores folded into the online softmax: (p, alpha, m_new, l_new)."""
+    if UPCAST:
+        kt = kt.to(tl.float32)
+    s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
+    if MASK:
+        seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _fold_values(acc, p, alpha, vt, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    if UPCAST:
+        vt = vt.to(tl.float32)
+    return acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
+
+
+@triton.jit
 def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset,
                   stride_frame, table_stride, t_end, dv0, k_desc, v_desc,
                   HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
@@ -68,28 +110,14 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
             page = tl.load(table_ptr + b * table_stride + (start // PAGE - first))
             kt = tl.reshape(k_desc.load([page, start % PAGE, h * D]), [BLOCK_N, D])
         else:
-            frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
-            base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+            base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
             kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
-        if MASK:
-            seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
-            s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK, UPCAST, PREC)
         if TMA:
             vt = tl.reshape(v_desc.load([page, start % PAGE, h * D + dv0]), [BLOCK_N, DV])
         else:
             vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
-        m_i = m_new
+        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
     return m_i, l_i, acc
 
 
@@ -119,7 +147,7 @@ def _paged_attn_kernel(
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     TMA: tl.constexpr = False, WRITE: tl.constexpr = False, NORM: tl.constexpr = False, K_EQ_V: tl.constexpr = False,
-    PDL: tl.constexpr = False,
+    PDL: tl.constexpr = False, EARLY: tl.constexpr = False, L2_V: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -130,7 +158,10 @@ def _paged_attn_kernel(
     # NORM (decode only): q_ptr is the layer's packed q/k/v projection (tokens stride_q apart, triton_norm's q/k/v
     # kernel's input), whose q the kernel norms and ropes itself (qw, cos, sin, eps); with WRITE the own K/V rows
     # come from it too (kw; K_EQ_V: V is the raw K), not from k_new / v_new.
-    await_inputs(PDL)
+    # EARLY (a decode launch: one query a sequence): the launch's metadata and its split's first key tile, less the
+    # query's own key, are read before the wait (see the early tile below).
+    if not EARLY:
+        await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
     # Programs start in id order; numbered backwards, a prefill chunk's last query tiles, which see the
@@ -163,26 +194,6 @@ def _paged_attn_kernel(
     dv = dv0 + tl.arange(0, DV)
     q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view (the output's)
     dtype = out_ptr.dtype.element_ty
-    if NORM:
-        q = joined(*norm_rope(q_ptr, (q_start + qi).to(tl.int64) * stride_q + (h * G + g) * D, q_start + qi, row_ok,
-                              qw_ptr, cos_ptr, sin_ptr, eps, D, dtype))
-    else:
-        q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
-    if WRITE:  # the step's K/V rows and slot, read beside q (one round trip); stored once the key range is known
-        t0 = q_start.to(tl.int64)
-        if NORM:
-            tok = tl.zeros([1], tl.int64) + t0
-            one = tok >= 0
-            v_head = HQ + h if K_EQ_V else HQ + HKV + h
-            k_row = tl.reshape(joined(*norm_rope(q_ptr, tok * stride_q + (HQ + h) * D, tok, one, kw_ptr, cos_ptr,
-                                                 sin_ptr, eps, D, dtype)), [D])
-            v_row = tl.reshape(v_norm(q_ptr, tok * stride_q + v_head * D, one, eps, D, dtype), [D])
-        else:
-            own = (t0 * HKV + h) * D + d
-            k_row, v_row = tl.load(k_new_ptr + own), tl.load(v_new_ptr + own)
-        slot = tl.load(slots_ptr + q_start)
     qk_scale = tl.cast(scale, tl.float32) * 1.4426950408889634
 
     # The keys this tile can see: [k_lo, k_hi). A negative window_left means none; it becomes a
@@ -201,14 +212,58 @@ def _paged_attn_kernel(
     tiles = tl.maximum(tl.cdiv(t_end - t_begin, BLOCK_N), 0)
     j0 = tl.minimum(tl.maximum(tl.cdiv(p_last - wl - t_begin, BLOCK_N), 0), tiles)
     j1 = tl.maximum(tl.minimum((tl.minimum(p_first + 1, t_end) - t_begin) // BLOCK_N, tiles), j0)
-    if WRITE:
-        _store_own_key(arena_ptr, k_row, v_row, slot, (p_last >= t_begin) & (p_last < t_end), h, k_offset, v_offset,
-                       stride_frame, HKV, D, PAGE)
 
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DV], tl.float32)
-    if INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
+    if EARLY:
+        # The early tile: the split's first key tile. A decode step writes one row of a layer's cache, the query's
+        # own key (p_first: in this launch, or a KV-shared layer's source's); the keys before it were written by
+        # earlier steps. The attention launch of the layer before, like every Triton launch of a step, lets the
+        # next launch in only after its own wait, so by the time this one runs every launch before that one has
+        # ended, earlier steps included, and those keys' K is read while the launches between run. The own key, q
+        # and the tile's V (registers: K and V held across the wait spill) are read after the wait.
+        kn = t_begin + tl.arange(0, BLOCK_N)
+        k_ok = kn < t_end
+        base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
+        old = (k_ok & (kn < p_first))[:, None]
+        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=old, other=0.0)
+        if L2_V:  # the tile's V asked of L2 (no registers held across the wait)
+            _prefetch_rows(arena_ptr + v_offset + base + dv0,
+                           tl.where(k_ok, DV * arena_ptr.dtype.element_ty.primitive_bitwidth // 8, 0))
+        await_inputs(PDL)
+    if WRITE:  # the step's K/V rows, read or formed, stored before any read of the own key
+        t0 = q_start.to(tl.int64)
+        if NORM:
+            tok = tl.zeros([1], tl.int64) + t0
+            one = tok >= 0
+            v_head = HQ + h if K_EQ_V else HQ + HKV + h
+            k_row = tl.reshape(joined(*norm_rope(q_ptr, tok * stride_q + (HQ + h) * D, tok, one, kw_ptr, cos_ptr,
+                                                 sin_ptr, eps, D, dtype)), [D])
+            v_row = tl.reshape(v_norm(q_ptr, tok * stride_q + v_head * D, one, eps, D, dtype), [D])
+        else:
+            own = (t0 * HKV + h) * D + d
+            k_row, v_row = tl.load(k_new_ptr + own), tl.load(v_new_ptr + own)
+        _store_own_key(arena_ptr, k_row, v_row, tl.load(slots_ptr + q_start), (p_last >= t_begin) & (p_last < t_end),
+                       h, k_offset, v_offset, stride_frame, HKV, D, PAGE)
+    if EARLY:
+        own = (k_ok & (kn == p_first))[:, None]
+        kt = tl.where(own, tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=own, other=0.0), kt)
+        vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
+    if NORM:
+        q = joined(*norm_rope(q_ptr, (q_start + qi).to(tl.int64) * stride_q + (h * G + g) * D, q_start + qi, row_ok,
+                              qw_ptr, cos_ptr, sin_ptr, eps, D, dtype))
+    else:
+        q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if EARLY:
+        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, True, UPCAST, PREC)
+        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + BLOCK_N, t_end, pos, wl, arena_ptr,
+                                      table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end,
+                                      dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC, False)
+    elif INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
                                       table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
@@ -346,16 +401,25 @@ def takes_wgmma(cfg: dict, decode: bool, window_left: int, head_dim: int, elem_b
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                      num_splits: int, fp32: bool, copies: bool) -> dict:
+                      num_splits: int, fp32: bool, copies: bool, decode: bool) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
     offline compile of the same kernel)."""
     group = num_q_heads // num_kv_heads
     gp = triton.next_power_of_2(group)
+    early = decode and early_rows(head_dim, 4 if fp32 else 2)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=max(1, cfg["rows"] // gp),  # decode: padding rows, only query 0 of each sequence exists
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
-                TMA=copies)
+                TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
+
+
+def early_rows(head_dim: int, elem_bytes: int) -> bool:
+    """Whether a decode may take the early tile (`EARLY`): a key's row of the arena is whole 128-byte cache lines
+    (every layer's offset and the frame are multiples of the head dim, layout.PageGeometry), so the early loads
+    never bring a line holding the query's own key into L1, where the reads after the wait would find its bytes
+    from before the write."""
+    return head_dim * elem_bytes % 128 == 0
 
 
 def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
@@ -465,7 +529,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
     consts = launch_constexprs(cfg, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=page_size,
-                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None)
+                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None,
+                               decode=is_decode)
     m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, consts["BLOCK_Q"])
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,

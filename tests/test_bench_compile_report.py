@@ -77,7 +77,7 @@ def test_a_bad_config_and_the_interpreter_are_named():
 def test_a_decode_that_writes_its_keys_stores_them_then_syncs_before_its_tiles(tmp_path):
     """The decode launch that writes the step's K/V rows (`--write`): compiled for sm_90, the rows' stores come
     before a barrier of the block and every tile copy after it (a copy before it could miss the own key's row),
-    and without `--write` the kernel has neither the stores nor the barrier there."""
+    and without `--write` the kernel stores nothing before its tiles."""
     e2b = ["--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--decode", "--splits", "4",
            "--window"]
     out = report(tmp_path, *e2b, "--write")
@@ -85,10 +85,42 @@ def test_a_decode_that_writes_its_keys_stores_them_then_syncs_before_its_tiles(t
     ptx = (tmp_path / "attention.ptx").read_text().splitlines()
     first = lambda op: next(i for i, line in enumerate(ptx) if op in line)  # noqa: E731
     stores = [i for i, line in enumerate(ptx) if "st.global" in line]
-    copies = [i for i, line in enumerate(ptx) if "cp.async" in line]
+    copies = [i for i, line in enumerate(ptx) if "cp.async" in line and "prefetch" not in line]  # tiles, not L2 asks
     assert len(stores) >= 2 and copies and max(stores[:2]) < first("bar.sync") < min(copies)
     report(tmp_path, *e2b)
     ptx = (tmp_path / "attention.ptx").read_text().splitlines()
-    assert not any("bar.sync" in line for line in ptx[:min(i for i, line in enumerate(ptx) if "cp.async" in line)])
+    assert not any("st.global" in line for line in ptx[:min(i for i, line in enumerate(ptx)
+                                                         if "cp.async" in line and "prefetch" not in line)])
     r = run(*e2b[:-4], "--write")
     assert r.returncode == 2 and "only a decode launch" in r.stderr
+
+
+def test_a_decode_reads_its_first_key_tile_before_its_wait(tmp_path):
+    """A decode launch (the E2B's sliding layer at batch 1, four splits) asks for its split's first K tile, and
+    L2 for its V, before it waits for the kernel before it, and for the query's own key, q and V after; a prefill
+    launch reads nothing before its wait."""
+    def loads(*args):
+        report(tmp_path, *args)
+        ptx = (tmp_path / "attention.ptx").read_text()
+        wait = ptx.index("griddepcontrol.wait")
+        return ptx[:wait], ptx[wait:]
+
+    before, after = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window",
+                          "--decode", "--splits", "4")
+    assert before.count("ld.global.v4") >= 8  # the K tile: 64 keys x 256, 16 bytes a load
+    assert "cp.async.bulk.prefetch.L2" in before  # and its V asked of L2
+    assert after.count("ld.global.v4") >= 3 * 8  # the own key's row of that tile, its V and q
+    before, _ = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window")
+    assert "ld.global" not in before
+
+
+def test_a_decode_attention_waits_before_it_lets_the_next_launch_in(tmp_path):
+    """The early tile's reads before the wait are safe because the attention launch of the layer before lets the next
+    launch in only after its own wait, so every launch before that one has ended: compiled for sm_90, with and
+    without the write and the norms, the decode kernel's trigger comes after its wait."""
+    e2b = ["--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window", "--decode",
+           "--splits", "4"]
+    for extra in ((), ("--write", "--norm")):
+        report(tmp_path, *e2b, *extra)
+        ptx = (tmp_path / "attention.ptx").read_text()
+        assert 0 <= ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents"), extra

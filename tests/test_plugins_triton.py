@@ -430,3 +430,14 @@ def test_prefill_interior_tiles_by_tensor_memory_copies(monkeypatch, dv_split):
     check(batch_of([40, 1], [100, 64], 4, 2, 64, 32, wl=29, resident=True, seed=3, frame_pad=8),
           config={**config, "tma": True})
     assert taken == []  # a window: never asked
+
+
+def test_the_early_tile_only_where_a_key_row_is_whole_cache_lines():
+    """A decode takes the early tile (its first K tile read before its wait) where a key's row of the arena is
+    whole 128-byte lines: every Gemma 4 head dim (256, 512) in bf16; not at head dim 32 in bf16, nor a prefill."""
+    def early(d, fp32=False, decode=True):
+        cfg = ta.default_config(d, decode, 4 if fp32 else 2)
+        return ta.launch_constexprs(cfg, num_q_heads=8, num_kv_heads=2, head_dim=d, page_size=16, num_splits=2,
+                                    fp32=fp32, copies=False, decode=decode)["EARLY"]
+    assert early(256) and early(512) and early(64) and early(32, fp32=True)
+    assert not early(32) and not early(16, fp32=True) and not early(256, decode=False)
