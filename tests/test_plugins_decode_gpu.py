@@ -38,9 +38,8 @@ def test_the_fused_decode_launch_against_the_three_it_replaces(case):
     batch = make_paged_batch([1] * B, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
                              window_left=wl, resident_only=wl >= 0, dtype=torch.bfloat16, device="cuda", seed=B,
                              scale=1.0)
+    slots = batch.own_slots()
     pos = batch.kv_lens.long() - 1
-    frames = batch.page_table.gather(1, (pos // page - batch.first_page.long())[:, None])[:, 0]
-    slots = (frames * page + pos % page).to(torch.int32)
     heads = hq + ((1 if k_eq_v else 2) * hkv if owns else 0)
     dev = dict(device="cuda", dtype=torch.bfloat16)
     y = torch.randn(B, heads * D, **dev) * 3

@@ -212,14 +212,6 @@ def test_kv_write_matches_reference(dtype):
     assert torch.equal(got, want)
 
 
-def _own_slots(batch) -> torch.Tensor:
-    """Each sequence's slot of its last key (a decode's own key), from the batch's table."""
-    P = batch.page_size
-    pos = batch.kv_lens.long() - 1
-    frames = batch.page_table.gather(1, (pos // P - batch.first_page.long())[:, None])[:, 0]
-    return (frames * P + pos % P).to(torch.int32)
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
 
@@ -232,7 +224,7 @@ def test_a_decode_launch_writes_the_step_rows_itself(splits, dtype, wl):
     that read one before writing it would give a NaN row; a slot of -1 (a padded graph row) writes nothing and
     reads what the arena holds, in both."""
     batch = batch_of([1, 1, 1, 1], [40, 9, 61, 16], 4, 2, 32, 16, wl=wl, resident=wl >= 0, dtype=dtype, seed=23)
-    slots = _own_slots(batch)
+    slots = batch.own_slots()
     slots[2] = -1
     g = torch.Generator().manual_seed(24)
     k, v = (torch.randn(4, 2, 32, generator=g).to(dtype) for _ in range(2))
@@ -266,7 +258,7 @@ def test_the_write_attention_op_is_the_two_ops():
         k, v = torch.randn(T, 2, 16, generator=g), torch.randn(T, 2, 16, generator=g)
         slots = torch.full((T,), -1, dtype=torch.int32)
         last = batch.cu_q[1:].long() - 1
-        slots[last] = _own_slots(batch)  # each sequence's last query writes its key; the others nothing
+        slots[last] = batch.own_slots()  # each sequence's last query writes its key; the others nothing
         offs = (batch.k_offset, batch.v_offset, batch.page_size)
         want_arena = batch.arena.clone()
         ops.kv_write_(want_arena, k, v, slots, *offs, kernels="triton")
@@ -290,7 +282,7 @@ def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, he
     from g4rt.plugins import triton_norm as tn
     hq, hkv, D = 4, 2, 32
     batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31)
-    slots = _own_slots(batch)
+    slots = batch.own_slots()
     slots[1] = -1
     g = torch.Generator().manual_seed(32)
     rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
@@ -336,7 +328,7 @@ def test_the_projected_attention_op_is_the_norms_then_the_write_attention():
         y, qw, kw = torch.randn(T, 8 * 16, generator=g), torch.randn(16, generator=g), torch.randn(16, generator=g)
         cos, sin = torch.randn(T, 16, generator=g), torch.randn(T, 16, generator=g)
         slots = torch.full((T,), -1, dtype=torch.int32)
-        slots[batch.cu_q[1:].long() - 1] = _own_slots(batch)
+        slots[batch.cu_q[1:].long() - 1] = batch.own_slots()
         offs = (batch.k_offset, batch.v_offset, batch.page_size)
         q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, 4, 2, False)
         want_arena = batch.arena.clone()
