@@ -79,8 +79,10 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
 
 
 @pytest.mark.slow
-def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(monkeypatch):
-    """A decode step of the E2B-like model with the plugin kernels and packed q/k/v (as on CUDA): every layer's
+@pytest.mark.parametrize("name", ["e2b", "31b"])
+def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(name, monkeypatch):
+    """A decode step of the E2B-like model (KV-shared layers) and the 31B-like one (k_eq_v full layers) with the plugin
+    kernels and packed q/k/v (as on CUDA): every layer's
     attention launch takes its projection (its q norms and RoPE, and on cache-owning layers the KV write, inside it),
     and the step computes the bits of the same step whose layers run the q/k/v norm kernel first, in the eager and
     the compiled engine: logits and arena."""
@@ -90,7 +92,7 @@ def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(m
     from g4rt.plugins import triton_kv_write as tkv
     if not launch.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
-    model = random_model(tiny_config("e2b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
+    model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
     model.pack_weights()
     geometry = PageGeometry.build(model.layout, page_tokens=4)
     sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
