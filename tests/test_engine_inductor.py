@@ -82,10 +82,9 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
 @pytest.mark.parametrize("name", ["e2b", "31b"])
 def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(name, monkeypatch):
     """A decode step of the E2B-like model (KV-shared layers) and the 31B-like one (k_eq_v full layers) with the plugin
-    kernels and packed q/k/v (as on CUDA): every layer's
-    attention launch takes its projection (its q norms and RoPE, and on cache-owning layers the KV write, inside it),
-    and the step computes the bits of the same step whose layers run the q/k/v norm kernel first, in the eager and
-    the compiled engine: logits and arena."""
+    kernels and packed q/k/v (as on CUDA): every layer's attention launch takes its projection (its q norms and RoPE,
+    and on cache-owning layers the KV write, inside it), and the step computes the bits of the same step whose layers
+    run the q/k/v norm kernel first, in the eager and the compiled engine: logits and arena."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.models import paged
     from g4rt.plugins import launch
