@@ -103,21 +103,21 @@ class StepAttention:
     `g4rt::paged_attention`, the ONNX graph's two plugins, each write making `arena` a new tensor."""
 
     def __init__(self, step: PagedStep, arena, cu_q, kv_lens, groups: dict):
-        self.arena, self.cu_q, self.kv_lens, self.groups = arena, cu_q, kv_lens, groups
-        self.functional, self.kernels, self.geometry = step.functional, step.model.kernels, step.geometry
+        self.step, self.arena, self.cu_q, self.kv_lens, self.groups = step, arena, cu_q, kv_lens, groups
 
     def where(self, layer: LayerKV):
         """The layer's (page table, first pages, slots, page tokens) and (k_offset, v_offset)."""
-        return self.groups[layer.sliding], self.geometry.layer_offsets(layer.index)
+        return self.groups[layer.sliding], self.step.geometry.layer_offsets(layer.index)
 
     def __call__(self, layer: LayerKV, q, k, v):
         (table, first, slots, page), (k_off, v_off) = self.where(layer)
-        rest = (k_off, v_off, page, layer.num_kv_heads, window_left(layer.window), 1.0, self.kernels)
-        if k is not None and not self.functional:
+        kernels = self.step.model.kernels
+        rest = (k_off, v_off, page, layer.num_kv_heads, window_left(layer.window), 1.0, kernels)
+        if k is not None and not self.step.functional:
             return torch.ops.g4rt.kv_write_attention_(self.arena, k, v, slots, q, self.cu_q, self.kv_lens, table,
                                                       first, *rest)
         if k is not None:
-            self.arena = torch.ops.g4rt.kv_write(self.arena, k, v, slots, k_off, v_off, page, self.kernels)
+            self.arena = torch.ops.g4rt.kv_write(self.arena, k, v, slots, k_off, v_off, page, kernels)
         return torch.ops.g4rt.paged_attention(q, self.arena, self.cu_q, self.kv_lens, table, first, *rest)
 
 

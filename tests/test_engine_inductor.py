@@ -79,12 +79,13 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["e2b", "31b"])
-def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(name, monkeypatch):
+@pytest.mark.parametrize("name,scope", [("e2b", "layers"), ("31b", "layers"), ("e2b", "step")])
+def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(name, scope, monkeypatch):
     """A decode step of the E2B-like model (KV-shared layers) and the 31B-like one (k_eq_v full layers) with the plugin
     kernels and packed q/k/v (as on CUDA): every layer's attention launch takes its projection (its q norms and RoPE,
     and on cache-owning layers the KV write, inside it), and the step computes the bits of the same step whose layers
-    run the q/k/v norm kernel first, in the eager and the compiled engine: logits and arena."""
+    run the q/k/v norm kernel first, in the eager and the compiled engine (its layers' pieces, or the whole step
+    traced through the fused op): logits and arena."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.models import paged
     from g4rt.plugins import launch
@@ -115,7 +116,7 @@ def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(n
 
     eager = run(lambda arena: EagerEngine(model, geometry, arena))
     assert len(launches) == model.config.num_hidden_layers and all(n is not None for n in launches)
-    compiled = InductorEngine(model, geometry, 32, compile_mode="default")
+    compiled = InductorEngine(model, geometry, 32, compile_mode="default", compile_scope=scope)
     launches.clear()
     with torch.inference_mode():
         compiled.compiled(*prefill.batch.tensors())
