@@ -7,8 +7,10 @@ and then `g4rt::paged_attention`, the ONNX graph's two plugins); a KV-shared lay
 only attends, using its source layer's K/V offsets (`PageGeometry.layer_offsets`). Sliding layers use
 the sliding page table / first page / slots, full layers the full ones with first page 0.
 
-The graph has no host syncs and no data-dependent Python control flow (the MoE experts are the one
-opaque op `g4rt::moe`), so it is what torch.compile, torch.export and the ONNX exporter trace. Layer
+The graph has no host syncs and no data-dependent Python control flow (what depends on the data runs
+inside opaque ops: attention, the KV write, the MoE experts, and with the Triton kernels the elementwise
+blocks and projections of models/blocks.py), so it is what torch.compile, torch.export and the ONNX
+exporter trace. Layer
 constants (offsets, page size, head counts, window) and the model's `kernels` choice are constants baked
 into the graph.
 """
