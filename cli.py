@@ -1,4 +1,4 @@
-"""The `g4rt` console script: generate, serve, plan, export, build.
+"""The `g4rt` console script: generate, serve, bench, plan, export, build, check, trt-engine.
 
 The top of the dependency order (plugins <- models <- export, runtime <- this module): it is the one
 place that imports both `export` (which writes engine directories) and `runtime` (which runs them).
@@ -75,10 +75,64 @@ def _source(args, cmd: str) -> Path:
     return Path(args.engine) if args.engine else _model_dir(args.model)
 
 
-def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels):
+def _run_device(args, cmd: str, manifest: dict | None) -> str:
+    """The device the engine runs on: --device, else the backend's (CUDA for inductor and tensorrt
+    engines, which run nowhere else; the CPU for --model and onnxruntime engines, whose device the
+    execution providers pick, --ort-providers)."""
+    import torch
+
+    backend = manifest.get("backend") if manifest else None
+    if args.device is None:
+        return "cuda" if backend in ("inductor", "tensorrt") else "cpu"
+    try:
+        kind = torch.device(args.device).type
+    except RuntimeError as e:
+        raise SystemExit(f"{cmd}: --device {args.device!r}: {e}") from None
+    if backend == "onnxruntime" and kind != "cpu":
+        raise SystemExit(f"{cmd}: --device {args.device} does not apply to an onnxruntime engine (its arena is "
+                         f"in host memory); pick its execution providers with --ort-providers")
+    return args.device
+
+
+def _scheduler_config(args, cmd: str, device: str, manifest: dict | None):
+    """The scheduler's settings: each flag given, else the built engine's recorded limit
+    (`runtime.scheduler.engine_limits`), else the device's (`SchedulerConfig.for_device`). A compiled
+    engine runs only steps within the limits it was built for, so a flag beyond one is refused here
+    rather than failing every step that crosses it. The token budget is at least the chunk (raised to
+    it), and a chunk left to its default is at most a --max-batched-tokens given."""
+    import dataclasses
+
+    from g4rt.runtime.scheduler import LIMIT_FIELDS, SchedulerConfig, engine_limits
+
+    limits = engine_limits(manifest) if manifest else {}
+    limit_key = {field: key for key, field in LIMIT_FIELDS.items()}
+    flags = {"chunk": ("--chunk", args.chunk),
+             "max_num_batched_tokens": ("--max-batched-tokens", args.max_batched_tokens),
+             "max_num_seqs": ("--max-num-seqs", args.max_num_seqs),
+             "max_model_len": ("--max-model-len", args.max_model_len)}
+    for field, (flag, value) in flags.items():
+        if value is not None and field in limits and value > limits[field]:
+            key = limit_key[field]
+            raise SystemExit(f"{cmd}: {flag} {value} exceeds what the engine in {args.engine} was built for "
+                             f"({key} {limits[field]}); pass at most {limits[field]}, or rebuild the engine with "
+                             f"--{key.replace('_', '-')} {value}")
+    try:
+        base = SchedulerConfig.for_device(device, **limits)
+        tokens = args.max_batched_tokens
+        chunk = args.chunk or (base.chunk if tokens is None else min(base.chunk, tokens))
+        return dataclasses.replace(base, chunk=chunk,
+                                   max_num_batched_tokens=max(chunk, tokens or base.max_num_batched_tokens),
+                                   max_num_seqs=args.max_num_seqs or base.max_num_seqs,
+                                   max_model_len=args.max_model_len or base.max_model_len)
+    except ValueError as e:
+        raise SystemExit(f"{cmd}: {e}") from None
+
+
+def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels, device: str):
     """--tensor-parallel N > 1: one process per rank (runtime/engines/parallel.py) over cuda:K..K+N-1 (from
     --device cuda:K; on CPU over gloo), on --model or on the weights of an inductor --engine directory
-    (compiled per rank, decode replayed as CUDA graphs). The ranks stop when the command ends."""
+    (compiled per rank, decode replayed as CUDA graphs, every rank compiling into the directory's cache).
+    The ranks stop when the command ends."""
     import atexit
     import dataclasses
 
@@ -92,56 +146,81 @@ def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels
     try:
         kw = dict(model=str(source), dtype=args.dtype, page_tokens=args.page_tokens)
         if args.engine:
+            from g4rt.runtime.engines.inductor import use_compile_cache
+
             # Only inductor engines run per rank; the check also refuses a directory this code cannot run.
             manifest = mf.check_manifest(args.engine, backend="inductor")
             kw = dict(model=str(mf.resolve_file(args.engine, manifest, "weights")), dtype=manifest["dtype"],
                       page_tokens=manifest["geometry"]["page_tokens_arg"], backend="inductor",
                       compile_mode=manifest["compile"]["mode"], compile_scope=manifest["compile"].get("scope", "layers"))
-        spec = RankSpec(tensor_parallel=args.tensor_parallel, num_frames=1, device=args.device, kernels=kernels, **kw)
-        spec = dataclasses.replace(spec, num_frames=frames_for(spec.geometry()))
+            use_compile_cache(args.engine, manifest)  # before the ranks start: they inherit the environment
+        spec = RankSpec(tensor_parallel=args.tensor_parallel, num_frames=1, device=device, kernels=kernels, **kw)
+        spec = dataclasses.replace(spec, num_frames=frames_for(spec.geometry(), config, device))
         engine = ParallelEngine(spec)
     except (ParallelError, ConfigError, mf.ManifestError, OSError, RuntimeError, ValueError) as e:
         raise SystemExit(f"{cmd}: --tensor-parallel {args.tensor_parallel}: {e}")
     atexit.register(engine.close)
-    return (LLM(engine, spec.num_frames, config, eos_ids=engine.config.eos_token_ids),
+    return (LLM(engine, spec.num_frames, config, eos_ids=engine.config.eos_token_ids, kernels=kernels),
             f"{spec.backend} over {spec.tensor_parallel} ranks")
 
 
 def _open_llm(args, cmd: str, source: Path, frames_for):
     """The LLM that `generate` and `serve` run: a built engine (--engine) or the eager paged engine
-    (or, with --reference, the linear cache) on --model. `frames_for(geometry)` sizes the arena."""
+    (or, with --reference, the linear cache) on --model. `frames_for(geometry, config, device)` sizes
+    the arena; a built engine's recorded max_frames caps it."""
     from g4rt.models import manifest as mf
     from g4rt.models.checkpoint import CheckpointError, load_model
     from g4rt.runtime.engines import open_engine
     from g4rt.runtime.llm import LLM
-    from g4rt.runtime.scheduler import SchedulerConfig
 
     try:
-        config = SchedulerConfig(max_num_batched_tokens=max(args.chunk, args.max_batched_tokens), chunk=args.chunk,
-                                 max_num_seqs=args.max_num_seqs, max_model_len=args.max_model_len)
         kernels = None if args.kernels is None else check_kernels(args.kernels, "--kernels")
     except ValueError as e:
         raise SystemExit(f"{cmd}: {e}")
-    if args.tensor_parallel > 1:
-        return _open_parallel_llm(args, cmd, source, frames_for, config, kernels)
+    manifest = None
     if args.engine:
         try:
             manifest = mf.read_manifest(args.engine)
-            if kernels and manifest.get("backend") != "inductor":
-                raise SystemExit(f"{cmd}: --kernels applies to --model and inductor engines; a "
-                                 f"{manifest.get('backend')} engine has its kernels built in")
-            frames = frames_for(mf.manifest_geometry(manifest))
-            # Each engine that needs an extra (onnxruntime, tensorrt) says which when it is missing.
-            engine = open_engine(args.engine, frames, **({"kernels": kernels} if kernels else {}))
-        except (mf.ManifestError, OSError, RuntimeError) as e:
+        except (mf.ManifestError, OSError) as e:
             raise SystemExit(f"{cmd}: --engine: {e}")
-        return LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids), f"{manifest['backend']} engine"
+    backend = manifest.get("backend") if manifest else None
+    if kernels and backend not in (None, "inductor"):
+        raise SystemExit(f"{cmd}: --kernels applies to --model and inductor engines; a {backend} engine has its "
+                         f"kernels built in")
+    if args.ort_providers and backend != "onnxruntime":
+        raise SystemExit(f"{cmd}: --ort-providers applies to onnxruntime engines, not to "
+                         f"{f'a {backend} engine' if backend else '--model'}")
+    device = _run_device(args, cmd, manifest)
+    config = _scheduler_config(args, cmd, device, manifest)
+    if args.tensor_parallel > 1:
+        return _open_parallel_llm(args, cmd, source, frames_for, config, kernels, device)
+    if args.engine:
+        kw = {"device": device} if backend in ("inductor", "tensorrt") else {}
+        if kernels:
+            kw["kernels"] = kernels
+        if args.ort_providers:
+            kw["providers"] = args.ort_providers
+        try:
+            frames = frames_for(mf.manifest_geometry(manifest), config, device)
+            most = (manifest.get("limits") or {}).get("max_frames")
+            if most is not None:
+                if args.num_frames and args.num_frames > most:
+                    raise SystemExit(f"{cmd}: --num-frames {args.num_frames} exceeds what the engine in {args.engine} "
+                                     f"was built for (max_frames {most}); pass at most {most}, or rebuild the engine "
+                                     f"with --max-frames {args.num_frames}")
+                frames = min(frames, most)
+            # Each engine that needs an extra (onnxruntime, tensorrt) says which when it is missing.
+            engine = open_engine(args.engine, frames, **kw)
+        except (mf.ManifestError, OSError, RuntimeError, ValueError) as e:
+            raise SystemExit(f"{cmd}: --engine: {e}")
+        return (LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids, kernels=kernels),
+                f"{backend} engine")
     try:
-        model = load_model(source, dtype=args.dtype, device=args.device, kernels=kernels)
+        model = load_model(source, dtype=args.dtype, device=device, kernels=kernels)
     except (CheckpointError, ConfigError, ValueError) as e:
         raise SystemExit(f"{cmd}: --model: {e}")
-    frames = frames_for(PageGeometry.build(model.layout, args.page_tokens))
-    kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config)
+    frames = frames_for(PageGeometry.build(model.layout, args.page_tokens), config, device)
+    kw = dict(num_frames=frames, page_tokens=args.page_tokens, config=config, kernels=kernels)
     if getattr(args, "reference", False):
         return LLM.reference(model, **kw), "linear reference"
     return LLM.paged(model, **kw), "eager paged"
@@ -164,8 +243,8 @@ def cmd_generate(args) -> int:
     except ValueError as e:
         raise SystemExit(f"generate: {e}")
 
-    def frames_for(geometry) -> int:  # default pool: every request at once (their promises summed)
-        return args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, args.chunk).frames
+    def frames_for(geometry, config, device) -> int:  # default: every request at once (their promises summed)
+        return args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, config.chunk).frames
                                       for p in prompts)
 
     llm, engine_name = _open_llm(args, "generate", source, frames_for)
@@ -195,15 +274,10 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _gpu_engine(engine_dir) -> bool:
-    from g4rt.models import manifest as mf
-    return bool(engine_dir) and mf.read_manifest(engine_dir).get("backend") in ("inductor", "tensorrt")
-
-
-def _serve_frames(args, geometry: PageGeometry) -> int:
-    """KV frames for `serve`: --num-frames, else --kv-memory-gib, else on CUDA --gpu-memory-utilization of the
-    device (less what is in use, and less the weights when they are not loaded yet: the --engine path sizes
-    its arena first), else 1 GiB."""
+def _serve_frames(args, geometry: PageGeometry, device: str) -> int:
+    """KV frames for `serve`: --num-frames, else --kv-memory-gib, else on a CUDA `device` (the one the engine
+    runs on) --gpu-memory-utilization of it (less what is in use, and less the weights when they are not
+    loaded yet: the --engine path sizes its arena first), else 1 GiB."""
     import torch
 
     from g4rt.runtime.arena import frames_in_budget
@@ -211,8 +285,8 @@ def _serve_frames(args, geometry: PageGeometry) -> int:
         return args.num_frames
     if args.kv_memory_gib is not None:
         budget = int(args.kv_memory_gib * GIB)
-    elif torch.cuda.is_available() and (str(args.device).startswith("cuda") or _gpu_engine(args.engine)):
-        free, total = torch.cuda.mem_get_info(torch.device(args.device if "cuda" in str(args.device) else "cuda"))
+    elif torch.cuda.is_available() and torch.device(device).type == "cuda":
+        free, total = torch.cuda.mem_get_info(torch.device(device))
         weights = 0
         if torch.cuda.memory_allocated() == 0:
             cfg = geometry.layout.config
@@ -267,7 +341,8 @@ def cmd_serve(args) -> int:
 
 def _serve_llm(args, source: Path):
     """`serve`'s LLM, built in the engine process (a module-level function: it is pickled to get there)."""
-    return _open_llm(args, "serve", source, lambda geometry: _serve_frames(args, geometry))[0]
+    return _open_llm(args, "serve", source,
+                     lambda geometry, config, device: _serve_frames(args, geometry, device))[0]
 
 
 def cmd_bench_serve(args) -> int:
@@ -296,25 +371,45 @@ def cmd_plan(args) -> int:
 
 
 def _engine_args(p: argparse.ArgumentParser) -> None:
-    """Flags shared by `generate` and `serve`: what runs and how the KV pool and steps are sized."""
+    """Flags shared by `generate` and `serve`: what runs and how the KV pool and steps are sized. The
+    scheduler's flags default to a built engine's limits, else to the device's settings
+    (SchedulerConfig.for_device), which the help shows."""
+    from g4rt.runtime.scheduler import SchedulerConfig
+    cuda, other = SchedulerConfig.for_device("cuda"), SchedulerConfig.for_device("cpu")
+
+    def default(field: str) -> str:
+        return (f"default: a built engine's limit, else the device's: {getattr(cuda, field)} on CUDA, "
+                f"{getattr(other, field)} elsewhere")
+
     p.add_argument("--model", help="model directory (config.json + safetensors) or 'tiny': the eager engine")
     p.add_argument("--engine", help="an engine directory from `g4rt build` (its manifest names the backend)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights and KV dtype (--model)")
-    p.add_argument("--device", default="cpu", help="cpu or cuda[:N]")
+    p.add_argument("--device", default=None,
+                   help="cpu or cuda[:N] (default: cuda for inductor and tensorrt engines, else cpu); the KV budget "
+                        "is measured on it")
     p.add_argument("--kernels", default=None, metavar="|".join(KERNELS),
-                   help="implementation of the plugin ops and the model's fused blocks: triton or the torch "
-                        "reference (default: triton on CUDA, reference on CPU)")
+                   help="implementation of the plugin ops, the model's fused blocks and the sampler: triton or the "
+                        "torch reference (default: triton on CUDA, reference on CPU)")
+    p.add_argument("--ort-providers", nargs="+", default=None, metavar="PROVIDER",
+                   help="onnxruntime engines: execution providers (default: the manifest's, else CUDA when "
+                        "available, then CPU)")
     p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=PAGE_TOKENS,
                    help="positions per sliding-group page")
-    p.add_argument("--chunk", type=_positive("--chunk"), default=256, help="prefill chunk (a capacity parameter)")
+    p.add_argument("--chunk", type=_positive("--chunk"), default=None,
+                   help=f"prefill chunk: the most tokens one request computes in a step, a capacity parameter "
+                        f"(every request is promised sliding pages for it); at most --max-batched-tokens when that "
+                        f"is given ({default('chunk')})")
     p.add_argument("--max-batched-tokens", "--max-num-batched-tokens", type=_positive("--max-batched-tokens"),
-                   default=512, help="token budget of one step")
-    p.add_argument("--max-num-seqs", type=_positive("--max-num-seqs"), default=64,
-                   help="requests in the running batch at most (serve: default 256)")
+                   default=None, help=f"token budget of one step, raised to --chunk when smaller "
+                                      f"({default('max_num_batched_tokens')})")
+    p.add_argument("--max-num-seqs", type=_positive("--max-num-seqs"), default=None,
+                   help=f"requests in the running batch at most ({default('max_num_seqs')})")
     p.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,
-                   help="prompt + output tokens per request at most (default: the model's max_position_embeddings)")
+                   help="prompt + output tokens per request at most (default: a built engine's limit, else the "
+                        "model's max_position_embeddings)")
     p.add_argument("--num-frames", type=_positive("--num-frames"), default=None,
-                   help="KV arena frames (generate: default every prompt at once; serve: see --kv-memory-gib)")
+                   help="KV arena frames (generate: default every prompt at once; serve: see --kv-memory-gib; "
+                        "at most a built engine's max_frames, which also caps the default)")
     p.add_argument("--tensor-parallel", type=int, choices=TP_SIZES, default=1, metavar="N",
                    help="one model over N devices of this host, one process per rank (NCCL on cuda:K..K+N-1 from "
                         "--device cuda:K, gloo on CPU); KV frames are per rank. 1 (default): one device, no extra "
@@ -322,8 +417,7 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="g4rt", description="g4rt: Gemma 4 text inference. generate tokens, plan KV capacity, export the step graph and "
-                                     "build engines. `g4rt COMMAND --help` explains each.")
+    parser = argparse.ArgumentParser(prog="g4rt")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     g = sub.add_parser("generate", help="generate tokens from one or more prompts",
@@ -352,7 +446,6 @@ def build_parser() -> argparse.ArgumentParser:
                                    "process of its own, so HTTP, JSON and (de)tokenizing never slow a step; it stops "
                                    "with the server, and the server stops (exit 1) if it dies.")
     _engine_args(v)
-    v.set_defaults(max_num_seqs=256)
     v.add_argument("--host", default="127.0.0.1")
     v.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     v.add_argument("--served-model-name", default=None, help="the `model` clients name (default: the directory's)")
@@ -399,6 +492,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     _export_commands(sub)
+    parser.description = (f"g4rt: Gemma 4 text inference. Commands: {', '.join(sub.choices)}. "
+                          f"`g4rt COMMAND --help` explains each.")
     return parser
 
 
@@ -577,13 +672,11 @@ def generation_parity(engine_dir: str | Path, model_dir: str | Path, prompts: li
     from g4rt.models.checkpoint import load_model
     from g4rt.runtime.engines import open_engine
     from g4rt.runtime.llm import LLM
-    from g4rt.runtime.scheduler import SchedulerConfig
+    from g4rt.runtime.scheduler import SchedulerConfig, engine_limits
 
     manifest = mf.read_manifest(engine_dir)
     geometry = mf.manifest_geometry(manifest)
-    limits = manifest.get("limits", {})  # the build's StepLimits, by the scheduler's names; else its defaults
-    fields = {"max_batched_tokens": "max_num_batched_tokens", "chunk": "chunk", "max_seqs": "max_num_seqs"}
-    config = SchedulerConfig(**{field: limits[key] for key, field in fields.items() if key in limits})
+    config = SchedulerConfig(**engine_limits(manifest))  # the build's limits; else the scheduler's defaults
     frames = sum(promise_for(geometry, len(p), new_tokens, config.chunk).frames for p in prompts)
     engine = open_engine(engine_dir, frames)
     got = [o.token_ids for o in LLM(engine, frames, config, eos_ids=()).generate(

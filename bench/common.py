@@ -154,8 +154,9 @@ def prefer_shared_carveout(percent: int, lib=None) -> None:
     memory (cuFuncSetAttribute on the loaded function; `lib`, libcuda by default). Why an arm of its own: Triton's
     launcher sets a preference only for kernels above 48 KB of shared memory, so an SM running a small kernel
     under the driver's default carveout might not take a 90 KB program of the next launch until it drains. On the
-    H200 it changed nothing (E4B batch 1, export/results session 27: the late launch's cause was where the launch
-    before let it in). Call it before the first kernel loads."""
+    H200 it changes nothing at the E4B's batch 1 (export/results/README.md, "The shared-memory carveout"), whose
+    late launch waits for the launch before it to let it in, not for shared memory. Call it before the first kernel
+    loads."""
     import ctypes
 
     from triton import knobs

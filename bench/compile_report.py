@@ -42,7 +42,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
                      splits: int = 1, programs_per_sm: float = 0.0, window: bool = False, dtype: str = "bfloat16",
                      config: dict | None = None, arch: int = 90, write: bool = False, norm: bool = False) -> dict:
     """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
-    where `takes_wgmma` holds (Hopper and later), else `_paged_attn_kernel`; returns which, the tiles, whether
+    where `takes_wgmma` holds (compute capability 9.x), else `_paged_attn_kernel`; returns which, the tiles, whether
     the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX.
     `write`: a decode launch that writes the step's K/V rows itself (`paged_attention(write=...)`); `norm`: one
     that norms and ropes its q, and with `write` those rows, from the layer's packed projection (`norms=`)."""
@@ -55,7 +55,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm), **(config or {})}
     window_left = 0 if window else -1
     t = TRITON_DTYPES[dtype]
-    if arch >= 90 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
+    if arch // 10 == 9 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
         fn, const, tma = ga._paged_attn_wgmma_kernel, ga.launch_constexprs(q_heads, kv_heads, head_dim, page), True
         desc = f"tensordesc<{t}[1, {ga.BLOCK_N}, {head_dim}],{ga.kv_layout(head_dim)!r}>"
         sig = {name: "i32" for name in fn.arg_names} | {"k_desc": desc, "v_desc": desc}

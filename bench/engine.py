@@ -65,10 +65,15 @@ def weight_bytes_per_step(model, batch: int = 1) -> int:
     return total
 
 
+def _one_expert(model) -> tuple[torch.Tensor, torch.Tensor]:
+    """The first layer's first expert of a mixture-of-experts model: its gate/up rows and its down."""
+    experts = model.layers[0].experts
+    return experts.gate_up_proj[0], experts.down_proj[0]
+
+
 def expert_bytes(model) -> int:
-    """Bytes of one expert of one layer of a mixture-of-experts model: its gate/up rows and its down."""
-    cfg = model.config
-    return 3 * cfg.moe_intermediate_size * cfg.hidden_size * model.dtype.itemsize
+    """Bytes of one expert of one layer of a mixture-of-experts model, as its tensors hold them."""
+    return sum(t.numel() * t.element_size() for t in _one_expert(model))
 
 
 def active_weight_bytes(model, distinct: list[float], batch: int = 1) -> int:
@@ -88,7 +93,7 @@ def uniform_routing(model, batch: int) -> tuple[list[float], float]:
         return [], float(matmul_params(model))
     E, k = cfg.num_experts, cfg.top_k_experts
     distinct = [E * (1 - (1 - k / E) ** batch)] * cfg.num_hidden_layers
-    per_expert = expert_bytes(model) // model.dtype.itemsize
+    per_expert = sum(t.numel() for t in _one_expert(model))
     return distinct, float(matmul_params(model) - (E - k) * per_expert * cfg.num_hidden_layers)
 
 
@@ -324,6 +329,14 @@ def _graph_ms(fn, reps: int) -> float:
     return statistics.median(replay_times(graph, reps))
 
 
+GEMV_SPLITS = (2, 4, 8)  # runs over K gemv_record also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
+# The tiles gemv_record sweeps for a serving batch (more than MIN_ROW_TILE rows: a row tile of 32-128 on the
+# tensor cores' warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
+SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
+                   (256, 64, 8, 3), (64, 64, 4, 6)]
+SERVING_SPLITS = (2, 3, 4)
+
+
 def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: list | None = None) -> dict:
     """The Triton skinny matmul over `mats` (one launch per weight, as the cuBLAS form), for each of `plans`
     ((tile, splits) pairs; default for up to 16 rows GEMV_CONFIGS unsplit and MODEL_CONFIG and the widest
@@ -339,11 +352,11 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
     op = tg.gemv_plan(*mats[0].shape, x.device) if tg.takes_gemv(x.shape[0], mats[0]) else None
     if plans is None and x.shape[0] > tg.MIN_ROW_TILE:
         n, sms = mats[0].shape[0], launch.sm_count(x.device)
-        plans = [(c, s) for c in tg.SERVING_CONFIGS
-                 for s in (1, *(tg.SERVING_SPLITS if -(-n // c[0]) < sms else ()))]
+        plans = [(c, s) for c in SERVING_CONFIGS
+                 for s in (1, *(SERVING_SPLITS if -(-n // c[0]) < sms else ()))]
     elif plans is None:
         plans = [(c, 1) for c in tg.GEMV_CONFIGS]
-        plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in tg.GEMV_SPLITS]
+        plans += [(c, s) for c in (tg.MODEL_CONFIG, tg.NARROW_CONFIGS[0]) for s in GEMV_SPLITS]
     plans = plans + ([op] if op is not None and op not in plans else [])
     tried, best = [], None
     for cfg, splits in plans:
@@ -546,9 +559,9 @@ def first_launches(engine: InductorEngine, keys, tokens) -> list[dict]:
     """Host and wall milliseconds of three launches right after capture: the decode graphs of `keys`
     and the piecewise segments of token buckets `tokens` (all of a bucket's segments back to back, no
     attention between them). Host: the launch call itself; wall: to the GPU's end.
-    Why: a CUDA graph's first launch also uploads it to the device. Before the capture itself launched
-    each graph once (code 334d964, export/results) these were the first three launches, and the first
-    cost 0.8-1.6 ms more; since, they are the second to fourth, and alike if the capture paid it."""
+    Why: a CUDA graph's first launch also uploads it to the device, 0.8-1.6 ms more on the H200
+    (export/results/README.md, "A CUDA graph's first launch"). The capture launches each graph once, so
+    these are its second to fourth launches, and alike when the capture paid the upload."""
     def three(launch) -> dict:
         host, wall = [], []
         for _ in range(3):

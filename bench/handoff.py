@@ -6,7 +6,7 @@ persistent launch whose programs run every stage and meet at a grid-wide counter
                                       [--arms launches,persistent,prefetch,copies]
 
 Why: the small models' batch-1 step (E2B, E4B) is about 400-480 launches, each of which costs about 3 us beyond
-the time its bytes take (export/results, sessions 20-23). Arms:
+the time its bytes take (export/results/README.md has the measurements). Arms:
 - `launches`: the Triton skinny matmul's launches (plugins/triton_gemv.py's tiles), each reading its first weight
   tile before it waits for the launch before it;
 - `persistent`: the same stage code in one launch, a grid-wide counter between stages;
@@ -15,9 +15,9 @@ the time its bytes take (export/results, sessions 20-23). Arms:
   comes from L2 in one round trip, then the sums and the store;
 - `copies` (Gluon, Hopper only): a launch a stage, the engine's batch-1 kernel for small weights
   (plugins/gluon_gemv.py): each program's slice copied into shared memory before it waits for the launch before it.
-On the H200 (export/results, sessions 25-26) a counter handed a stage over no faster than a launch boundary; the
-prefetch arm cost 2.3-2.7 us a stage beyond its bytes; the copies arm 1.3 at N 1,024 and 2,048 and 2.1 at 2,560,
-against 3.0-3.3 for the launches.
+On the H200 a counter hands a stage over no faster than a launch boundary; the prefetch arm costs 2.3-2.7 us a
+stage beyond its bytes, the copies arm 1.3 at N 1,024 and 2,048 and 2.1 at 2,560, the launches 3.0-3.3
+(export/results/README.md, "what a stage hand-off costs" and "Weight slices copied into shared memory").
 
 Per dimension and arm, one JSON line in DIR/handoff.jsonl: microseconds a stage (median of `time_ms`'s CUDA-graph
 replays, cold L2, distinct weights a stage, more bytes than L2), the time its weight bytes take at the copy

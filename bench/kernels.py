@@ -7,7 +7,7 @@
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-tiles    # ... smaller sliding CTAs
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
-    python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 64,128]  # the q/k/v norm kernel's tiles
+    python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 8192,2048,256]  # the q/k/v norm kernel's tiles
 
 Measures, in one run: device-to-device copy bandwidth and the bf16 8192^3 matmul rate (the
 ceilings), then for Gemma 4's real attention shapes
@@ -42,6 +42,8 @@ from dataclasses import dataclass
 
 import torch
 
+from g4rt.models.config import load_config
+from g4rt.models.layout import KVLayout, PageGeometry
 from g4rt.models.step import to_device
 from g4rt.plugins import reference
 from g4rt.plugins import triton_attention as ta
@@ -49,17 +51,27 @@ from g4rt.runtime.sampling import BatchSampler, SamplingRows
 
 from .common import ceilings, time_ms, time_ms_eager
 
-# name: (num_q_heads, num_kv_heads, head_dim, window W or None, page_size); page sizes are what
-# models/layout.PageGeometry gives the 31B and 26B (16-token sliding pages, 160-token full pages).
-LAYERS = {
-    "31B-sliding": (32, 16, 256, 1024, 16),
-    "26B-sliding": (16, 8, 256, 1024, 16),
-    "31B-full": (32, 4, 512, None, 160),
-    "E2B-sliding": (8, 1, 256, 512, 16),
-    "E2B-full": (8, 1, 512, None, 32),
-    "E4B-sliding": (8, 2, 256, 512, 16),
-    "E4B-full": (8, 2, 512, None, 32),
-}
+DTYPE = torch.bfloat16  # of every case's KV arena, queries and activations
+SIZES = {"31B": "31b", "26B": "26b-a4b", "E2B": "e2b", "E4B": "e4b"}  # name: published config
+
+
+def _layer_shapes() -> dict:
+    """Each published size's sliding and full layer, by name ("31B-sliding"): (num_q_heads, num_kv_heads,
+    head_dim, window W or None, page_size, k_eq_v), read off the KV layout of its config (models/layout.py)
+    and the page sizes PageGeometry gives it by default."""
+    shapes = {}
+    for size, config in SIZES.items():
+        layout = KVLayout.from_config(load_config(config), DTYPE)
+        pages = PageGeometry.build(layout).page_tokens
+        for group in layout.groups:
+            layer = layout.layers[group.layers[0]]
+            shapes[f"{size}-{group.name}"] = (layer.num_q_heads, group.num_kv_heads, group.head_dim, group.window,
+                                             pages[group.name], layer.k_eq_v)
+    return shapes
+
+
+SHAPES = _layer_shapes()
+LAYERS = {name: shape[:5] for name, shape in SHAPES.items()}  # name: (q heads, kv heads, head_dim, W, page_size)
 DECODE_LAYERS = ("31B-sliding", "26B-sliding", "31B-full")  # the full decode grid's layers
 # --decode-short: batch 1 at short context, where one program per KV head is latency-bound; forced split
 # counts, which set decode_splits' shortest run (SPLIT_MIN_ELEMS).
@@ -151,8 +163,8 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0):
     m = math.ceil(ctx / page) - first
     g = torch.Generator(device="cuda").manual_seed(seed)
     frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
-    arena = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=torch.bfloat16, generator=g)
-    q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=torch.bfloat16, generator=g)
+    arena = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g)
+    q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=DTYPE, generator=g)
     i32 = dict(device="cuda", dtype=torch.int32)
     return Case(q, arena, torch.arange(batch + 1, **i32) * q_len, torch.full((batch,), ctx, **i32),
                 frames[:batch * m].view(batch, m).contiguous(), torch.full((batch,), first, **i32), hkv, page, wl)
@@ -214,8 +226,8 @@ def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=
     hq, hkv, d, window, page = LAYERS[layer]
     case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch)
     _, read = visible_keys(ctx, 1, case.wl)
-    kv_bytes = batch * read * hkv * d * 2 * 2
-    io_bytes = kv_bytes + 2 * case.q.numel() * 2
+    kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
+    io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
     rec = {"layer": layer, "batch": batch, "ctx": ctx, "page_size": page, "whole_table": whole,
            "kv_bytes_read": kv_bytes, "config": config}
     if splits is None:
@@ -355,7 +367,7 @@ SAMPLER_TILES = [(1024, 8), (1024, 4), (4096, 8), (2048, 16)]  # (block, num_war
 
 # --norms: the q/k/v norm + RoPE kernel (plugins/triton_norm.py) on a step of T tokens of these layers'
 # heads (q, kv, head dim, k_eq_v), each (tokens per program, warps) tile; (1, 1) is the decode tile.
-NORM_LAYERS = {"31B-sliding": (32, 16, 256, False), "31B-full": (32, 4, 512, True), "E2B-sliding": (8, 1, 256, False)}
+NORM_LAYERS = {name: (*SHAPES[name][:3], SHAPES[name][5]) for name in ("31B-sliding", "31B-full", "E2B-sliding")}
 NORM_TILES = [(1, 1), (1, 2), (2, 2), (4, 4), (8, 4), (8, 8), (16, 4), (16, 8), (32, 8)]
 NORM_TOKENS = (8192, 2048, 256)  # the step sizes --norms times unless --norm-tokens says others
 
@@ -375,15 +387,15 @@ def norm_cases(peak: dict, tokens=NORM_TOKENS) -> list[dict]:
         for t in tokens:
             g = torch.Generator(device="cuda").manual_seed(t + d)
             width = (hq + hkv * (1 if kv else 2)) * d
-            x = torch.randn(t, width, device="cuda", generator=g).bfloat16()
-            qw, kw = [(0.5 + 0.1 * torch.randn(d, device="cuda", generator=g)).bfloat16() for _ in range(2)]
+            x = torch.randn(t, width, device="cuda", generator=g).to(DTYPE)
+            qw, kw = [(0.5 + 0.1 * torch.randn(d, device="cuda", generator=g)).to(DTYPE) for _ in range(2)]
             cos, sin = rope_cos_sin(1.0 / (10000 ** (torch.arange(0, d, 2, device="cuda").float() / d)),
-                                    torch.randint(0, 8192, (t,), device="cuda", generator=g), torch.bfloat16)
+                                    torch.randint(0, 8192, (t,), device="cuda", generator=g), DTYPE)
             args = (x, qw, kw, 1e-6, cos, sin, hq, hkv, kv)
             want = blocks.qkv_norm_rope(*args)  # the eager torch reference
             default = tn.qkv_norm_rope(*args)
             assert all(torch.isfinite(o).all() for o in default)
-            moved = 2 * (x.numel() + sum(o.numel() for o in default) + 2 * cos.numel())
+            moved = x.element_size() * (x.numel() + sum(o.numel() for o in default) + 2 * cos.numel())
             default_tile = tn.norm_rope_tile(t, d, hq + 2 * hkv)
             for bt, w in [default_tile] + [tl_ for tl_ in NORM_TILES if tl_ != default_tile]:
                 got = tn.qkv_norm_rope(*args, tile=(bt, w))
@@ -566,7 +578,7 @@ def main(argv=None):
         for ctx in contexts:
             for b in batches:
                 keys = min(ctx, window) if window else ctx
-                if b * keys * hkv * d * 4 > MAX_CASE_BYTES:  # K+V bf16 the arena holds
+                if b * keys * hkv * d * 2 * DTYPE.itemsize > MAX_CASE_BYTES:  # K and V the arena holds
                     continue
                 guarded(res, "decode", decode_case, layer, b, ctx, peak,
                         try_flex=(ctx == 8192 and not args.quick), flex_fn=flex_fn)

@@ -140,9 +140,9 @@ def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_to
         _link_or_copy(index, weights / index.name)
     manifest = _manifest(
         cfg, geometry, model_dir, "inductor", dtype, page_tokens,
-        profiles={"batch_buckets": "powers of two up to the largest batch"},
         files={"weights": WEIGHTS_DIR, "compile_cache": CACHE_DIR, **copy_tokenizer(model_dir, out_dir)},
-        extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets"}})
+        extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets",
+                           "batch_buckets": "powers of two up to the largest batch"}})
     (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
     mf.write_manifest(out_dir, manifest)
     return manifest

@@ -1,13 +1,13 @@
 """The decoder's elementwise math: torch references, and their Triton kernels where the model runs them.
 
 `rms_norm`, `gelu_tanh_mul`, `apply_rope`, the fused blocks built from them (`qkv_norm_rope`,
-`q_norm_rope`, `add_normed`, `add_rms_norm`, and for the MoE block `router_inputs` and `normed_sum`) and
-the MoE router's `route` are written as Hugging Face writes them; `skinny_linear` is F.linear, every
-projection's matmul, which a Triton kernel runs for a decode's few rows (plugins/triton_gemv.py), and
-`gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate), which that kernel forms in
-its epilogue; `add_norm_gelu_linear` a residual step and the gated GELU of a projection of it, whose norms
-the kernel forms in its prologue; `add_norm_linear` a layer's tail and the next layer's first projection (one
-launch at batch 1 on Hopper, plugins/gluon_gemv.py).
+`q_norm_rope`, `add_rms_norm` (the residual step `add_normed`, then a norm), and for the MoE block
+`router_inputs` and `normed_sum`) and the MoE router's `route` are written as Hugging Face writes them;
+`skinny_linear` is F.linear, every projection's matmul, which a Triton kernel runs for a decode's few rows
+(plugins/triton_gemv.py), and `gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate),
+which that kernel forms in its epilogue; `add_norm_gelu_linear` a residual step and the gated GELU of a
+projection of it, whose norms the kernel forms in its prologue; `add_norm_linear` a layer's tail and the next
+layer's first projection (one launch at batch 1 on Hopper, plugins/gluon_gemv.py).
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -141,6 +141,6 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
 
 
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
-             "q_norm_rope": q_norm_rope, "add_normed": add_normed, "add_rms_norm": add_rms_norm,
+             "q_norm_rope": q_norm_rope, "add_rms_norm": add_rms_norm,
              "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
              "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear, "add_norm_linear": add_norm_linear}

@@ -168,8 +168,8 @@ def _ready(model: Gemma4Model, device, kernels: str | None) -> Gemma4Model:
     replaces must be held by the module alone (the loaders drop their own references first), so that
     they are freed as it goes (else the 31B's 35.9 GiB of them stay beside its packed copies: 93 GiB
     at the peak for a 57.2 GiB model), and go back to the device at once: torch's allocator would keep
-    them cached, and the KV arena, allocated outside it (runtime/arena.py), could not use them; on the
-    H200 the 31B's 48 GiB arena failed to allocate."""
+    them cached, where the KV arena, allocated outside it (runtime/arena.py), cannot use them, so an
+    arena sized to the memory left (the 31B's 48 GiB on an H200) would fail to allocate."""
     model.eval()
     model.set_kernels(kernels or default_kernels(device))
     if next(model.parameters()).is_cuda:

@@ -8,7 +8,7 @@ value of the wrong kind is an error that names the key.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -56,7 +56,6 @@ class Gemma4Config:
     bos_token_id: int = 2
     eos_token_ids: tuple[int, ...] = (1,)
     dtype: str = "bfloat16"
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self):
         if not self.layer_types:
@@ -66,15 +65,18 @@ class Gemma4Config:
             object.__setattr__(self, "layer_types", tuple(types))
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(f"layer_types has {len(self.layer_types)} entries, num_hidden_layers is {self.num_hidden_layers}")
-        for t in self.layer_types:
+        for i, t in enumerate(self.layer_types):
             if t not in (SLIDING, FULL):
-                raise ConfigError(f"layer_types: unknown layer type {t!r}")
+                raise ConfigError(f"layer_types[{i}]: unknown layer type {t!r}; expected {SLIDING!r} or {FULL!r}")
         if self.enable_moe_block and not (self.num_experts and self.top_k_experts and self.moe_intermediate_size):
-            raise ConfigError("enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size")
+            raise ConfigError(f"enable_moe_block needs num_experts, top_k_experts and moe_intermediate_size, got "
+                              f"{self.num_experts!r}, {self.top_k_experts!r} and {self.moe_intermediate_size!r}")
         if self.hidden_activation not in ("gelu_pytorch_tanh", "gelu_tanh"):
-            raise ConfigError(f"hidden_activation: only gelu_pytorch_tanh is used by Gemma 4, got {self.hidden_activation!r}")
+            raise ConfigError(f"hidden_activation must be gelu_pytorch_tanh or gelu_tanh (both the tanh-approximated "
+                              f"GELU, the one activation the model computes), got {self.hidden_activation!r}")
         if not 0 <= self.num_kv_shared_layers < self.num_hidden_layers:
-            raise ConfigError("num_kv_shared_layers must be in [0, num_hidden_layers)")
+            raise ConfigError(f"num_kv_shared_layers must be in [0, num_hidden_layers = {self.num_hidden_layers}), got "
+                              f"{self.num_kv_shared_layers}")
 
     # ---- derived facts, named once --------------------------------------------------------
     @property
@@ -117,8 +119,8 @@ class Gemma4Config:
 
     def to_hf_text_config(self) -> dict:
         """The HF `text_config` dict that reproduces this config (used to write checkpoints)."""
-        d = {k: v for k, v in asdict(self).items() if k not in ("extra", "eos_token_ids", "rope_local_base",
-                                                                   "rope_global_base", "rope_global_partial_factor")}
+        d = {k: v for k, v in asdict(self).items() if k not in ("eos_token_ids", "rope_local_base", "rope_global_base",
+                                                                   "rope_global_partial_factor")}
         d["layer_types"] = list(self.layer_types)
         d["eos_token_id"] = self.eos_token_ids[0] if len(self.eos_token_ids) == 1 else list(self.eos_token_ids)
         d["rope_parameters"] = {
@@ -130,7 +132,26 @@ class Gemma4Config:
         return d
 
 
-_INT_KEYS = {f.name for f in fields(Gemma4Config) if f.type in ("int", "int | None")}
+# The kind each scalar key must have, from the field's annotation ("int | None" -> "int"). JSON has one
+# number type, so an integer is a float too; a boolean is never a number (Python counts True as 1).
+_KINDS = {"int": "an integer", "float": "a number", "bool": "true or false", "str": "a string"}
+_KEY_KINDS = {f.name: f.type.removesuffix(" | None") for f in fields(Gemma4Config)
+              if f.type.removesuffix(" | None") in _KINDS}
+
+
+def _is_kind(value, kind: str) -> bool:
+    if isinstance(value, bool):
+        return kind == "bool"
+    return isinstance(value, {"int": int, "float": (int, float), "bool": (), "str": str}[kind])
+
+
+def _rope_number(rope: dict, layer_type: str, key: str, default: float, source: str) -> float:
+    value = rope[layer_type].get(key, default)
+    if not _is_kind(value, "float"):
+        raise ConfigError(f"{source}: key 'rope_parameters.{layer_type}.{key}' must be a number, got {value!r}")
+    return float(value)
+
+
 _REQUIRED = [f.name for f in fields(Gemma4Config) if f.default is MISSING and f.default_factory is MISSING]
 
 
@@ -173,28 +194,42 @@ def config_from_dict(raw: dict, source: str = "config") -> Gemma4Config:
     if missing:
         raise ConfigError(f"{source}: missing required key(s) {', '.join(missing)}")
     known = {f.name for f in fields(Gemma4Config)}
-    kw = {k: v for k, v in text.items() if k in known and v is not None and k not in ("extra",)}
-    for k in list(kw):
-        if k in _INT_KEYS and not (isinstance(kw[k], int) and not isinstance(kw[k], bool)):
-            raise ConfigError(f"{source}: key {k!r} must be an integer, got {kw[k]!r}")
+    kw = {k: v for k, v in text.items() if k in known and v is not None}
+    for k, kind in _KEY_KINDS.items():
+        if k in kw and not _is_kind(kw[k], kind):
+            raise ConfigError(f"{source}: key {k!r} must be {_KINDS[kind]}, got {kw[k]!r}")
     if "layer_types" in kw:
+        if not isinstance(kw["layer_types"], list):
+            raise ConfigError(f"{source}: key 'layer_types' must be a list of layer types, got {kw['layer_types']!r}")
         kw["layer_types"] = tuple(kw["layer_types"])
     kw.update(_per_layer_overrides(text, kw, source))
     rope = text.get("rope_parameters") or {}
+    if not isinstance(rope, dict):
+        raise ConfigError(f"{source}: key 'rope_parameters' must be an object, got {rope!r}")
+    for layer_type in (SLIDING, FULL):
+        if not isinstance(rope.get(layer_type, {}), dict):
+            raise ConfigError(f"{source}: key 'rope_parameters.{layer_type}' must be an object, got "
+                              f"{rope[layer_type]!r}")
     if SLIDING in rope:
-        kw["rope_local_base"] = float(rope[SLIDING].get("rope_theta", 10000.0))
+        kw["rope_local_base"] = _rope_number(rope, SLIDING, "rope_theta", 10000.0, source)
     if FULL in rope:
-        kw["rope_global_base"] = float(rope[FULL].get("rope_theta", 1e6))
-        kw["rope_global_partial_factor"] = float(rope[FULL].get("partial_rotary_factor", 0.25))
+        kw["rope_global_base"] = _rope_number(rope, FULL, "rope_theta", 1e6, source)
+        kw["rope_global_partial_factor"] = _rope_number(rope, FULL, "partial_rotary_factor", 0.25, source)
         if rope[FULL].get("rope_type", "proportional") != "proportional":
-            raise ConfigError(f"{source}: rope_parameters.full_attention.rope_type must be 'proportional'")
+            raise ConfigError(f"{source}: rope_parameters.full_attention.rope_type must be 'proportional', got "
+                              f"{rope[FULL]['rope_type']!r}")
     eos = raw.get("eos_token_id", text.get("eos_token_id", 1))
-    kw["eos_token_ids"] = tuple(eos) if isinstance(eos, (list, tuple)) else (int(eos),)
-    if "dtype" not in kw and "torch_dtype" in text:
+    eos_ids = tuple(eos) if isinstance(eos, list) else (eos,)
+    if not eos_ids or not all(_is_kind(i, "int") for i in eos_ids):
+        raise ConfigError(f"{source}: key 'eos_token_id' must be an integer or a list of integers, got {eos!r}")
+    kw["eos_token_ids"] = eos_ids
+    if "dtype" not in kw and text.get("torch_dtype") is not None:
+        if not _is_kind(text["torch_dtype"], "str"):
+            raise ConfigError(f"{source}: key 'torch_dtype' must be a string, got {text['torch_dtype']!r}")
         kw["dtype"] = text["torch_dtype"]
     try:
         return Gemma4Config(**kw)
-    except TypeError as e:
+    except (TypeError, ConfigError) as e:
         raise ConfigError(f"{source}: {e}") from None
 
 

@@ -163,8 +163,9 @@ class PageGeometry:
     def build(cls, layout: KVLayout, page_tokens: int = PAGE_TOKENS, align: int = ALIGN) -> "PageGeometry":
         """The one constructor: `PageGeometry.build(KVLayout.from_config(cfg, dtype), page_tokens)`, or
         `PageGeometry.build(model.layout, page_tokens)` for a model in memory (its layout has its dtype)."""
-        if page_tokens <= 0 or align <= 0:
-            raise ValueError("page_tokens and align must be positive")
+        for name, value in (("page_tokens", page_tokens), ("align", align)):
+            if value <= 0:
+                raise ValueError(f"{name} must be positive, got {value}")
         align = min(align, page_tokens)
         s, f = layout.sliding, layout.full
         elems = {g.name: g.bytes_per_token // g.dtype_bytes for g in (s, f)}  # per position, all layers

@@ -36,7 +36,8 @@ class LinearCache:
 
     def begin_step(self, seq_ids: Sequence[Hashable], q_lens: Sequence[int]) -> None:
         """Declare the flat batch: sequence `seq_ids[b]` owns the next `q_lens[b]` rows, continuing
-        at position `seq_len(seq_ids[b])`. Call once per model forward, then `end_step` is implicit."""
+        at position `seq_len(seq_ids[b])`. Call once per model forward: the next `begin_step` (or `drop`)
+        commits this step's positions first."""
         if len(seq_ids) != len(q_lens) or len(set(seq_ids)) != len(seq_ids):
             raise ValueError("begin_step needs one q_len per sequence and distinct sequence ids")
         self._commit()
@@ -86,24 +87,12 @@ class LinearCache:
         vs[layer] = v.clone() if layer not in vs else torch.cat([vs[layer], v])
 
 
-def sample_next(logits: torch.Tensor, temperature: float = 0.0, top_k: int = 0,
-                generator: torch.Generator | None = None) -> torch.Tensor:
-    """logits [R, V] fp32 -> token ids [R]. temperature 0 is greedy (argmax, first index on ties)."""
-    if temperature <= 0:
-        return logits.argmax(dim=-1)
-    x = logits / temperature
-    if top_k > 0:
-        kth = torch.topk(x, min(top_k, x.shape[-1]), dim=-1).values[..., -1:]
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
-
-
 @torch.inference_mode()
 def generate_linear(model: Gemma4Model, prompt_ids: Sequence[int], max_new_tokens: int, *,
-                    temperature: float = 0.0, top_k: int = 0, seed: int | None = None,
                     stop_ids: Sequence[int] = (), return_logits: bool = False):
-    """Single-sequence reference generation: one prefill step, then one token per step.
+    """Single-sequence greedy reference generation: one prefill step, then one token per step, each the
+    first argmax of its logits (the oracle the runtime's greedy tokens are compared with; sampling is
+    runtime/sampling.py's).
 
     Returns the generated ids (without the prompt); with `return_logits`, also the fp32 logits that
     chose each of them ([n, vocab]). Stops after a token in `stop_ids` (which is included).
@@ -111,7 +100,6 @@ def generate_linear(model: Gemma4Model, prompt_ids: Sequence[int], max_new_token
     if len(prompt_ids) == 0:
         raise ValueError("generate_linear needs a non-empty prompt")
     device = model.embed_tokens.weight.device
-    gen = torch.Generator(device=device).manual_seed(seed) if seed is not None else None
     cache, out, all_logits = LinearCache(), [], []
     ids = torch.tensor(list(prompt_ids), dtype=torch.int64, device=device)
     pos = 0
@@ -120,7 +108,7 @@ def generate_linear(model: Gemma4Model, prompt_ids: Sequence[int], max_new_token
         positions = torch.arange(pos, pos + ids.shape[0], device=device)
         hidden = model(ids, positions, cache)
         logits = model.logits(hidden[-1:])
-        nxt = sample_next(logits, temperature, top_k, gen)
+        nxt = logits.argmax(dim=-1)
         pos += ids.shape[0]
         out.append(int(nxt))
         all_logits.append(logits[0])

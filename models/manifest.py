@@ -11,6 +11,7 @@ as a whole (`resolve_file`).
 """
 from __future__ import annotations
 
+import ast
 import hashlib
 import json
 import time
@@ -26,6 +27,10 @@ MANIFEST = "manifest.json"
 FORMAT_VERSION = 2  # 2: files are relative paths inside the engine directory
 BACKENDS = ("onnxruntime", "inductor", "tensorrt")
 _PLUGINS_DIR = Path(__file__).resolve().parent.parent / "plugins"
+# Where a TensorRT plan's plugin code starts: the AOT wrappers and launch arithmetic (trt_kernels) and the
+# plugins' registration, whose launch parameters the plan keeps (trt_plugins). `plan_sources` adds every plugin
+# module they import, transitively, so a kernel's source can move between modules without the hash missing it.
+PLAN_ROOTS = ("trt_kernels.py", "trt_plugins.py")
 
 
 class ManifestError(ValueError):
@@ -44,11 +49,28 @@ def config_hash(cfg: Gemma4Config) -> str:
     return _sha256(_canonical(cfg.to_hf_text_config()))[:16]
 
 
-def kernel_source_hash() -> str:
-    """Hash of every plugin source (reference, ops, Triton kernels): what a TensorRT plan compiles in."""
+def plan_sources(plugins_dir: Path = _PLUGINS_DIR) -> list[str]:
+    """The plugin files a TensorRT plan compiles in: PLAN_ROOTS and the package-relative imports they reach
+    (`from .x import`, `from . import x`, lazy ones inside functions too), sorted."""
+    plugins_dir, seen, todo = Path(plugins_dir), set(), list(PLAN_ROOTS)
+    while todo:
+        name = todo.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        for node in ast.walk(ast.parse((plugins_dir / name).read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                modules = [node.module] if node.module else [a.name for a in node.names]
+                todo += [f"{m}.py" for m in modules if (plugins_dir / f"{m}.py").is_file()]
+    return sorted(seen)
+
+
+def kernel_source_hash(plugins_dir: Path = _PLUGINS_DIR) -> str:
+    """Hash of the plugin sources a TensorRT plan compiles in (`plan_sources`, under `plugins_dir`): editing any
+    other plugin file (the sampler, the Gluon matmul, the ops' registration) leaves every built plan valid."""
     h = hashlib.sha256()
-    for path in sorted(_PLUGINS_DIR.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for name in plan_sources(plugins_dir):
+        h.update(name.encode() + b"\0" + (Path(plugins_dir) / name).read_bytes())
     return h.hexdigest()[:16]
 
 

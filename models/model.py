@@ -72,8 +72,10 @@ class RMSNorm(nn.Module):
 
 
 class Linear(nn.Linear):
-    """A bias-free projection whose matmul is the op `skinny_linear`: with the Triton kernels the skinny
-    matmul for a decode's few rows (plugins/triton_gemv.py), cuBLAS otherwise; F.linear with the reference.
+    """A bias-free projection whose matmul is the op `skinny_linear`: with the Triton kernels, at one row on a
+    Hopper GPU a small weight's Gluon kernel (its slices copied into shared memory before the launch waits,
+    plugins/gluon_gemv.py), else the skinny matmul for a decode's few rows (plugins/triton_gemv.py), else
+    cuBLAS or cuBLASLt (`blas_linear`); F.linear with the reference.
     Its input is [T, in_features], the model's flat token axis (the op's shapes are 2-D)."""
 
     kernels = "reference"
@@ -144,10 +146,10 @@ class Attention(nn.Module):
 
     def pack_qkv(self) -> None:
         """Hold q, k and v as one weight, the three Linear weights becoming views of it, so a step reads
-        them with one matmul: on the H200 the 50 sliding layers of the 31B take 2.13 ms that way against
-        2.68 ms as three matmuls (export/results, matmul roles). The packed weight is a plain attribute, not a
-        parameter (state-dict names stay HF's; export never packs), so pack once the model is on its
-        device: `checkpoint.load_model` / `random_model` do it on CUDA."""
+        them with one matmul: cuBLAS reads the narrow k and v projections well below the copy bandwidth it
+        reaches on a wide weight (export/results/README.md, the 31B's matmul roles). The packed weight is a
+        plain attribute, not a parameter (state-dict names stay HF's; export never packs), so pack once the
+        model is on its device: `checkpoint.load_model` / `random_model` do it on CUDA."""
         parts = [m for m in (self.q_proj, self.k_proj, self.v_proj) if m is not None]
         if len(parts) >= 2 and self.qkv_weight is None:
             self.qkv_weight = _pack(parts)

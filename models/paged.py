@@ -8,8 +8,10 @@ use the sliding page table / first page / slots, full layers the full ones with 
 kernels a layer with packed q/k/v hands over its projection before the norms and RoPE (`ProjectedAttention`), and
 a decode step's norms, KV write and attention are one launch.
 
-The graph has no host syncs and no data-dependent Python control flow (the MoE experts are the one
-opaque op `g4rt::moe`), so it is what torch.compile, torch.export and the ONNX exporter trace. Layer
+The graph has no host syncs and no data-dependent Python control flow (what depends on the data runs
+inside opaque ops: attention, the KV write, the MoE experts, and with the Triton kernels the elementwise
+blocks and projections of models/blocks.py), so it is what torch.compile, torch.export and the ONNX
+exporter trace. Layer
 constants (offsets, page size, head counts, window) and the model's `kernels` choice are constants baked
 into the graph.
 """

@@ -15,7 +15,7 @@ So the bounds come from the limits the runtime's scheduler will obey, not from c
 
 Each bound is (min, opt, max); opt is the steady decode state of a full batch (T = B = max_seqs,
 every table at its widest, the whole arena), where TensorRT picks its tactics. `check_step` refuses a
-step outside the bounds by the symbol's name and the `g4rt build` flag that sets it; any engine whose
+step outside the bounds by the symbol's name and the `g4rt build` flags that set it; any engine whose
 manifest has profiles runs it.
 """
 from __future__ import annotations
@@ -25,9 +25,10 @@ from dataclasses import asdict, dataclass
 from .layout import PageGeometry
 from .step import INPUTS, SYMBOLS, dim_symbol, input_shape
 
-# The `g4rt build` flag behind each bound, for error messages.
-FLAGS = {"tokens": "--max-batched-tokens", "seqs": "--max-seqs", "rows": "--max-seqs", "sliding_pages": "--chunk",
-         "full_pages": "--max-model-len", "frames": "--max-frames"}
+# The `g4rt build` flags behind each bound (derive_profiles: the least of what they allow), for error messages.
+FLAGS = {"tokens": ("--max-batched-tokens",), "seqs": ("--max-seqs",), "rows": ("--max-seqs",),
+         "sliding_pages": ("--chunk", "--max-model-len", "--max-frames"),
+         "full_pages": ("--max-model-len", "--max-frames"), "frames": ("--max-frames",)}
 
 
 class ProfileError(ValueError):
@@ -92,5 +93,11 @@ def check_step(profiles: dict, sizes: dict[str, int]) -> None:
     for sym, (lo, _, hi) in profiles.items():
         n = sizes.get(sym)
         if n is not None and not lo <= n <= hi:
-            raise ProfileError(f"step has {sym} = {n}, outside the engine's profile [{lo}, {hi}]; rebuild the "
-                               f"engine with a larger {FLAGS.get(sym, sym)} or keep the scheduler within it")
+            flags = FLAGS.get(sym, (sym,))
+            if len(flags) == 1:
+                advice = f"rebuild the engine with a larger {flags[0]}"
+            else:
+                advice = (f"the bound is the least of what {', '.join(flags[:-1])} and {flags[-1]} allow; rebuild "
+                          f"the engine with larger ones")
+            raise ProfileError(f"step has {sym} = {n}, outside the engine's profile [{lo}, {hi}]; {advice} or keep "
+                               f"the scheduler within it")

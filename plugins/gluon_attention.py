@@ -15,9 +15,10 @@ while P_j V_j does (P double-buffered); the running sums are kept per column, so
 reduction of a tile is its row maximum. K and V arrive by tensor-memory copies into two rings of `STAGES` slots
 with a barrier each; a K slot is refilled as soon as its tile's scores are done, a step before its V slot.
 On the H200 the 31B's 8k chunk of a full layer takes 6.4-6.6 ms (337-343 TFLOP/s, 48-51 % of the bf16 matmul
-rate measured beside it) where the Triton kernel takes 10.4 (plugins/results, session 18). What bounds it: 64
-rows is all the accumulator leaves room for, so every query tile streams its KV head's K and V from L2 (64
-FLOPs a byte); only sharing tiles between CTAs (cluster multicast copies, not in Gluon 3.6) would raise that.
+rate measured beside it) where the Triton kernel takes 10.4 (plugins/results/README.md, "Head-dim-512 prefill in
+Gluon"). What bounds it: 64 rows is all the accumulator leaves room for, so every query tile streams its KV head's
+K and V from L2 (64 FLOPs a byte); only sharing tiles between CTAs (cluster multicast copies, not in Gluon 3.6)
+would raise that.
 
 Scope (triton_attention.takes_wgmma): prefill of a layer without a window, 2-byte K/V, head dim 512, a page size
 the key tile divides, on a Hopper GPU (Gluon has no interpreter, so CPU runs and tests take the Triton kernel).

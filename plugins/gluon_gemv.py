@@ -1,15 +1,17 @@
 """A batch-1 skinny matmul for small weights, each program's weight slice copied into shared memory before it waits
 (Gluon, Hopper).
 
-Why: at batch 1 the small models' step is 400-480 launches, and each small one cost about 3 us beyond its bytes
-(export/results, sessions 20-25): the Triton kernel (triton_gemv.py) reads its first weight tile before it waits for
-the kernel before it (programmatic dependent launch) and streams the rest after, so every launch pays the stream's
-ramp after the wait. Here every program asks the copy engine for its whole slice of the weight, [16 or 8, K], into
-shared memory before it waits: the copies run while the kernel before it does (the launch starts when that one has
-passed its own wait), and what is left after the wait is x's read from L2 in one round trip, the sums and the store.
-On the H200 a chain of 32 square stages took 1.81 / 3.31 / 5.19 us a stage at N 1,024 / 2,048 / 2,560 this way,
-against 3.53 / 5.24 / 6.35 as the Triton kernel's launches, and a persistent kernel holding two slices in flight
-took 3.09 / 4.63 (bench/handoff.py's `copies`, `launches` and `prefetch` arms; export/results, session 26).
+Why: at batch 1 the small models' step is 400-480 launches, and each small one costs about 3 us beyond its bytes
+(export/results/README.md, "Two launch-boundary experiments on the small models" and the sections after it): the
+Triton kernel (triton_gemv.py) reads its first weight tile before it waits for the kernel before it (programmatic
+dependent launch) and streams the rest after, so every launch pays the stream's ramp after the wait. Here every
+program asks the copy engine for its whole slice of the weight, [16 or 8, K], into shared memory before it waits:
+the copies run while the kernel before it does (the launch starts when that one has passed its own wait), and what
+is left after the wait is x's read from L2 in one round trip, the sums and the store. On the H200 a chain of 32
+square stages took 1.81 / 3.31 / 5.19 us a stage at N 1,024 / 2,048 / 2,560 this way, against 3.53 / 5.24 / 6.35 as
+the Triton kernel's launches, and a persistent kernel holding two slices in flight took 3.09 / 4.63
+(bench/handoff.py's `copies`, `launches` and `prefetch` arms; export/results/README.md, "Weight slices copied into
+shared memory before a launch waits").
 
 Scope (`copies_take`): one row of x (batch-1 decode), bf16, a Hopper GPU, K a multiple of BLOCK_K, N of `slice_rows`,
 a program's slice within SLICE_BYTES, the weight within COPIES_MAX_BYTES (larger weights stream at the copy
@@ -18,10 +20,11 @@ residual step first (`copied_add_norm_linear`, the op `g4rt::add_norm_linear`: a
 q/k/v), so that its copies start while the layer's last kernel runs; and the PLE gate is its launch with the
 residual step after the MLP as prologue and the gated GELU as epilogue (`copied_add_norm_gelu_linear`,
 `gate_copies_take`). A launch lets the next one in before its own wait, so a chain of them copies two launches
-ahead: E4B batch 1 on the H200 3.71 -> 3.57 ms a step with both (export/results, session 27). The sums are fp32
-on the CUDA cores in an order of their own, so the bits differ from the Triton kernel's (not from run to run); the
-eager and compiled engines call one op, so they compute the same bits. Gluon has no interpreter: CPU runs take the
-Triton kernel, and CI compiles this one for sm_90 (tests/test_plugins_gluon_gemv.py).
+ahead: E4B batch 1 on the H200 3.71 -> 3.57 ms a step with both (export/results/README.md, "the next launch let in
+before the wait"). The sums are fp32 on the CUDA cores in an order of their own, so the bits differ from the Triton
+kernel's (not from run to run); the eager and compiled engines call one op, so they compute the same bits. Gluon has
+no interpreter: CPU runs take the Triton kernel, and CI compiles this one for sm_90
+(tests/test_plugins_gluon_gemv.py).
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """How the step's kernels launch, shared by every kernel module: whether Triton interprets them (CPU tests),
-whether the GPU takes dependent launches and tensor-memory copies (Hopper), the SM count, and the wait and trigger
+whether the GPU takes dependent launches and tensor-memory copies (Hopper and later) and warpgroup MMA
+(compute capability 9.x), the SM count, and the wait and trigger
 of programmatic dependent launch in a kernel.
 """
 from __future__ import annotations
@@ -21,6 +22,14 @@ def hopper(device: torch.device) -> bool:
     """Whether `device` is a CUDA GPU of compute capability 9 or more: dependent launches and tensor-memory
     copies (looked up once)."""
     return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
+
+
+@functools.cache
+def sm90(device: torch.device) -> bool:
+    """Whether `device` is a CUDA GPU of compute capability 9.x: warpgroup matrix multiply-accumulate
+    (`warpgroup_mma`, gluon_attention.py's kernel) exists there only; later GPUs have other tensor-core
+    instructions (looked up once)."""
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
 
 
 @functools.cache
@@ -57,7 +66,8 @@ def launch_next(PDL: tl.constexpr):
     """With PDL: let the next kernel launch (at the latest it does when this one ends). A short kernel whose reads
     are its critical path calls it after them: the next kernel's programs start by reading their weights (a first
     tile, or gluon_gemv.py's whole slices), and reads queued behind those take that much longer (the norm kernel's
-    launch on the H200: 3.3 -> 1.7 us with its reads in one round trip, export/results session 26)."""
+    launch on the H200: 3.3 -> 1.7 us with its reads in one round trip, export/results/README.md, "the norm in one
+    round trip")."""
     if PDL:
         tl.extra.cuda.gdc_launch_dependents()
 

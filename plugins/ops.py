@@ -68,9 +68,9 @@ def implementations(kernels: str):
 
     The ops below call these; an eager caller outside any tracing may call them directly, as the
     piecewise graphs do between their segments (runtime/engines/piecewise.py): an op call through the
-    dispatcher costs host time the kernel does not need, twice per layer per step (with the direct
-    calls the E2B's 128-token prefill took 5.6 ms to its first token on the H200, 6.2 ms before, on
-    another machine of the pool: export/results)."""
+    dispatcher costs host time the kernel does not need, twice per layer per step (the E2B's 128-token
+    prefill on an H200: 5.6 ms to its first token with the direct calls, 6.2 ms through the dispatcher,
+    measured on two machines; export/results/README.md, "Direct attention calls in the piecewise steps")."""
     if check_kernels(kernels) == "triton":
         return _triton("triton_kv_write").kv_write_, _triton("triton_attention").paged_attention
     return reference.kv_write_ref_, _reference_attention

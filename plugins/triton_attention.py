@@ -43,7 +43,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import gluon_attention
 from .buckets import pow2_bucket
-from .launch import await_inputs, hopper, interpreting, pdl_launch, sm_count
+from .launch import await_inputs, hopper, interpreting, pdl_launch, sm90, sm_count
 from .triton_norm import joined, norm_rope, v_norm
 
 
@@ -361,6 +361,7 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
 
 
 SPLIT_MIN_ELEMS = 16384  # decode_splits: the fewest key elements (keys x head dim) one split reads per head
+MAX_DECODE_SPLITS = 64  # decode_splits: the most key runs a decode cuts one (sequence, KV head) into
 
 
 def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, device: torch.device) -> int:
@@ -378,7 +379,7 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, d
     programs = batch * num_kv_heads
     if programs >= sms:
         return 1
-    return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, 64))
+    return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, MAX_DECODE_SPLITS))
 
 
 def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> bool:
@@ -391,13 +392,20 @@ def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> b
 
 
 def takes_wgmma(cfg: dict, decode: bool, window_left: int, head_dim: int, elem_bytes: int, group: int,
-                page_size: int) -> bool:
-    """Whether a launch on a Hopper GPU goes to the Gluon kernel (gluon_attention.py), from its shape alone:
-    asked (`wgmma`), a prefill without a window, 2-byte K/V, head dim 512 (the two warpgroups' 256 output
-    columns each), a group of at most its 64 rows, a page its key tile divides. Gluon has no interpreter: CPU
-    runs and older GPUs take this module's kernel."""
+                page_size: int, device: torch.device | None = None) -> bool:
+    """Whether a launch goes to the Gluon kernel (gluon_attention.py), from its shape: asked (`wgmma`), a
+    prefill without a window, 2-byte K/V, head dim 512 (the two warpgroups' 256 output columns each), a group
+    of at most its 64 rows, a page its key tile divides; and with `device`, one of compute capability 9 (`sm90`)
+    outside the interpreter. Gluon has no interpreter: CPU runs and other GPUs take this module's kernel."""
     return (bool(cfg.get("wgmma")) and not decode and window_left < 0 and head_dim == 512 and elem_bytes == 2
-            and group <= gluon_attention.ROWS.value and page_size % gluon_attention.BLOCK_N == 0)
+            and group <= gluon_attention.ROWS.value and page_size % gluon_attention.BLOCK_N == 0
+            and (device is None or (sm90(device) and not interpreting())))
+
+
+def query_block(rows: int, group: int) -> int:
+    """Query tokens of a tile of `rows` rows: each brings its group's query heads, padded to a power of two (a
+    decode's tile is padding rows but for query 0 of each sequence)."""
+    return max(1, rows // triton.next_power_of_2(group))
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
@@ -408,7 +416,7 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
     gp = triton.next_power_of_2(group)
     early = decode and early_rows(head_dim, 4 if fp32 else 2)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
-                BLOCK_Q=max(1, cfg["rows"] // gp),  # decode: padding rows, only query 0 of each sequence exists
+                BLOCK_Q=query_block(cfg["rows"], group),
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
                 TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
@@ -486,8 +494,9 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if HQ % HKV or D < 16 or D & (D - 1):
         raise ValueError(f"need num_q_heads % num_kv_heads == 0 and a power-of-two head_dim >= 16, got "
                          f"Hq={HQ} Hkv={HKV} D={D}")
-    if arena.stride(1) != 1 or page_table.stride(1) != 1:
-        raise ValueError("arena and page_table must be contiguous in their last dim")
+    for name, t in (("arena", arena), ("page_table", page_table)):
+        if t.stride(1) != 1:
+            raise ValueError(f"{name} must be contiguous in its last dim, got strides {tuple(t.stride())}")
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
@@ -519,8 +528,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if dv_split < 1 or D % dv_split or (D // dv_split) < 16 or (dv_split > 1 and num_splits > 1):
         raise ValueError(f"dv_split must divide head_dim {D} into parts >= 16 and needs one split, got "
                          f"dv_split={dv_split}, num_splits={num_splits}")
-    if (takes_wgmma(cfg, is_decode, window_left, D, q.element_size(), HQ // HKV, page_size)
-            and arena.dtype == q.dtype and hopper(q.device) and not interpreting()):
+    if (takes_wgmma(cfg, is_decode, window_left, D, q.element_size(), HQ // HKV, page_size, q.device)
+            and arena.dtype == q.dtype):
         descs = gluon_attention.descriptors(arena, k_offset, v_offset, page_size, HKV, D)
         if descs is not None:
             return gluon_attention.prefill_attention(q, arena, cu_q, kv_lens, page_table, first_page, k_offset,

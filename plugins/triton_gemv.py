@@ -17,10 +17,10 @@ narrow tile gives it the programs); everything else is `blas_linear` (cuBLAS, or
 faster). The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
 (`g4rt::gelu_linear`), and the residual step before such a GELU, its norms included, its prologue
 (`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every program forms the input rows whole from L2 into a slice of
-its own, so no norm kernel runs between the projections. Each of these choices was measured on the H200 in the
-step against the one before it (`python -m g4rt.bench.engine --matmuls` per role, `--profile` per launch;
-export/results, sessions 10-24): from the step that took the kernel for the q/k/v and the lm_head only, the
-E4B's batch-1 step went from 4.42 to 3.76 ms and the 31B's from 16.41 to about 15.8.
+its own, so no norm kernel runs between the projections. Each of these choices stays because the H200's decode
+step is faster with it than without (`python -m g4rt.bench.engine --matmuls` per role, `--profile` per launch;
+the steps are in export/results/README.md): against the kernel for the q/k/v and the lm_head only, the E4B's
+batch-1 step takes 3.76 ms instead of 4.42 and the 31B's about 15.8 instead of 16.41.
 Under TRITON_INTERPRET=1 bf16 dots are wrong, so the tiles are upcast to fp32 there (set automatically).
 """
 from __future__ import annotations
@@ -46,36 +46,32 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 # A weight that narrow with K at least this long is cut over K instead (gemv_plan): its MODEL_CONFIG column
 # blocks, each K run of at most MAX_SPLITS a program. On the H200 at batch 1 the E2B's down_proj [1,536 x
 # 6,144] took 0.115 ms over 12 layers cut in 4 against 0.160 for the fastest unsplit tile; K of 1,536-2,048
-# gained nothing (export/results, session 12).
+# gained nothing (export/results/README.md, "A split over K for the skinny matmul").
 SPLIT_MIN_K = 4096
 MAX_SPLITS = 16
 SPLIT_PROGRAMS = 2  # programs per SM a cut over K aims for
 # A weight so narrow that even the narrowest tile gives fewer than 3/5 of the SMs a program (the PLE gates'
 # 256 columns, the MoE router's 128) takes the widest narrow tile cut over K from this K on: the E4B's PLE
 # gate [256 x 2,560] at batch 1 on the H200, 35 layers, 0.164 ms on 16 unsplit 16-column blocks against
-# 0.132 on 8 blocks of 32 cut in 8; the E2B's [256 x 1,536] 0.092 against 0.086 (export/results, session 17).
+# 0.132 on 8 blocks of 32 cut in 8; the E2B's [256 x 1,536] 0.092 against 0.086 (export/results/README.md,
+# "Head-dim-512 prefill by tensor-memory copies; the bounded gelu_linear on the 31B").
 NARROW_SPLIT_MIN_K = 1536
 # A weight too narrow for MODEL_CONFIG to give every SM a column block, and too short in K to be cut, takes
 # the kernel up to this size (the small models' packed q/k/v, their sliding layers' o_proj, the PLE
-# projections); beyond it, cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the step on the
-# H200, before the cut over K existed (export/results, session 13).
+# projections); beyond it, cuBLAS. 32 MiB measured faster than 64 on the E2B and E4B in the H200's step with
+# every weight unsplit; the bound is not measured with weights cut over K (export/results/README.md, "Every
+# projection through the skinny matmul at batch 1").
 NARROW_BYTES = 32 << 20
 # The packed gate/up with its GELU in the epilogue takes MODEL_CONFIG's tile at 3 stages, not 4, from K of
 # PACKED_GELU_MIN_K on (gemv_plan's `packed_gelu`): on the H200 at batch 1 the E4B's step (K 2,560) took 3.765 ms
 # against 3.804, its 42 gate/up launches 1.192 ms against 1.231; the E2B's (K 1,536) 2.369-2.382 against
 # 2.343-2.358, its 20 wide gate/up launches 0.5 us slower each; every MODEL_CONFIG launch of the E4B at 3 stages,
-# 3.912, the split down_proj slower (export/results, session 22).
+# 3.912, the split down_proj slower (export/results/README.md, "A launch's fixed cost").
 PACKED_GELU_CONFIG = (*MODEL_CONFIG[:3], 3)
 PACKED_GELU_MIN_K = 2560
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
-GEMV_SPLITS = (2, 4, 8)  # runs over K the bench also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
-# The tiles the bench sweeps for a serving batch (more than MIN_ROW_TILE rows: a row tile of 32-128 on the
-# tensor cores' warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
-SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
-                   (256, 64, 8, 3), (64, 64, 4, 6)]
-SERVING_SPLITS = (2, 3, 4)
 
 
 def row_tile(rows: int) -> int:
@@ -297,9 +293,9 @@ def gemv_plan(n: int, k: int, device: torch.device,
     """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
     a program (PACKED_GELU_CONFIG for a packed gate/up with the GELU epilogue, `packed_gelu`, and K of at
     least PACKED_GELU_MIN_K); for a narrower weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut
-    into enough runs (at most MAX_SPLITS) for SPLIT_PROGRAMS programs an SM; else the widest tile of
-    NARROW_CONFIGS whose column blocks give 3/5 of the SMs a program; else, with K of at least
-    NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way; else the narrowest (the most
+    into enough runs (at most MAX_SPLITS) for SPLIT_PROGRAMS programs an SM; else the widest tile of MODEL_CONFIG
+    and NARROW_CONFIGS (64, 32 or 16 columns) whose column blocks give 3/5 of the SMs a program; else, with K of
+    at least NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way; else the narrowest (the most
     programs). The stages never change the order of the sums."""
     sms = sm_count(device)
 
@@ -327,8 +323,9 @@ def takes_gemv(rows: int, w: torch.Tensor) -> bool:
 
 
 # cuBLASLt's heuristic picks other kernels than cuBLAS's for some decode shapes. Measured on the H200, role by
-# role and in the decode step (export/results, sessions 24-25): for long-K weights (o_proj, down_proj) it is
-# faster at 9-64 rows (the 31B's step 0.6-1.1 % faster at batch 16, 32 and 64), at 65-128 rows only where K >= 3N
+# role and in the decode step (export/results/README.md, "cuBLASLt for long-K weights at 9-128 rows" and
+# "cuBLASLt at batch 16 and on the 26B-A4B"): for long-K weights (o_proj, down_proj) it is faster at 9-64 rows
+# (the 31B's step 0.6-1.1 % faster at batch 16, 32 and 64), at 65-128 rows only where K >= 3N
 # (the 31B's sliding o_proj, K = 1.5N, was slower; its step at batch 128 a tie to 0.8 % faster); above 128 rows the
 # step was slower even where the matmuls alone were faster; and below 2,560 outputs slower (the E2B's, N 1,536).
 # Rows above the first and up to the second take cuBLASLt for K > N, up to the third for K >= 3N:
@@ -379,7 +376,8 @@ def _(x, w):
 
 # The largest packed gate/up whose GELU the kernel forms in its epilogue; beyond it, the plain launch then the
 # gelu kernel. On the H200 at batch 1 the epilogue took the E4B's step (gate/up 105 MB) from 3.96 to 3.87 ms,
-# and the 31B's (462 MB) from 16.07 to 16.46 ms, which this bound keeps off (export/results, session 16).
+# and the 31B's (462 MB) from 16.07 to 16.46 ms, which this bound keeps off (export/results/README.md, "The gated
+# GELU in the skinny matmul's epilogue").
 EPILOGUE_MAX_BYTES = 128 << 20
 
 

@@ -37,6 +37,12 @@ def _kv_write_kernel(arena_ptr, k_ptr, v_ptr, slots_ptr, k_offset, v_offset, str
     tl.store(arena_ptr + v_offset + dst, tl.load(v_ptr + src, mask=ok).to(dtype), mask=ok)
 
 
+def kv_write_block(width: int) -> int:
+    """Elements one program copies of a token's `width`-element K (and V) row: all of it up to 1,024, a power of
+    two (tl.arange's)."""
+    return min(1024, triton.next_power_of_2(width))
+
+
 def kv_write_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_offset: int,
               v_offset: int, page_size: int) -> None:
     """In-place write (the op's contract); k/v [T, Hkv, D], slots int32 [T]."""
@@ -46,7 +52,7 @@ def kv_write_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torc
     if arena.stride(1) != 1:
         raise ValueError("arena must be contiguous in its last dim")
     width = k.shape[1] * k.shape[2]
-    block = min(1024, triton.next_power_of_2(width))
+    block = kv_write_block(width)
     k, v = k.contiguous(), v.contiguous()
     grid = (T, triton.cdiv(width, block))
     _kv_write_kernel[grid](arena, k, v, slots, int(k_offset), int(v_offset), arena.stride(0),

@@ -204,7 +204,8 @@ NORM_ROPE_MIN_PROGRAMS = 2560
 
 def norm_rope_tile(tokens: int, head_dim: int, heads: int) -> tuple[int, int]:
     """(tokens per program, warps) of the q/k/v norm kernel for `heads` heads (q + k + v) of `tokens` tokens,
-    from the H200 sweeps (bench.kernels --norms; 31B and E2B heads, export/results sessions 11 and 23). Head dim
+    from the H200 sweeps (bench.kernels --norms; 31B and E2B heads; export/results/README.md, "the q/k/v norm
+    tiles" and "the q/k/v norm tile at serving batches"). Head dim
     256: one token per 1-warp program is latency-bound (40 % of the copy bandwidth at 8k); from
     NORM_ROPE_MIN_PROGRAMS such programs, 4 tokens over 4 warps (the 31B's 64 heads at 64 / 128 / 256 tokens:
     4.06 / 5.27 / 8.19 us against 5.98 / 11.10 / 21.02; the E2B's 10 at 256: 3.24 against 3.46, but at 128,
@@ -391,17 +392,6 @@ def _q_norm_rope_op(q: torch.Tensor, weight: torch.Tensor, eps: float, cos: torc
 def _(q, weight, eps, cos, sin):
     D = cos.shape[-1]
     return q.new_empty(q.shape[0], q.shape[-1] // D, D)
-
-
-@torch.library.custom_op("g4rt::add_normed", mutates_args=())
-def _add_normed_op(residual: torch.Tensor, x: torch.Tensor, x_weight: torch.Tensor, eps: float,
-                   scale: torch.Tensor | None = None) -> torch.Tensor:
-    return add_normed(residual, x, x_weight, eps, scale)
-
-
-@_add_normed_op.register_fake
-def _(residual, x, x_weight, eps, scale=None):
-    return torch.empty_like(residual)
 
 
 @torch.library.custom_op("g4rt::add_rms_norm", mutates_args=())

@@ -23,14 +23,17 @@ from __future__ import annotations
 import builtins
 from typing import NamedTuple
 
+import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import SPLIT_MIN_ELEMS, _combine_kernel, _paged_attn_kernel, default_config
-from .triton_kv_write import _kv_write_kernel
+from .triton_attention import (MAX_DECODE_SPLITS, SPLIT_MIN_ELEMS, _combine_kernel, _paged_attn_kernel,
+                               default_config, query_block)
+from .triton_kv_write import _kv_write_kernel, kv_write_block
 
-MAX_SPLITS = 64  # decode_splits' cap
-ELEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# The dtypes a plan's kernels take, by name, as Triton's signatures spell them; their sizes are torch's.
+TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+ELEM_BYTES = {name: getattr(torch, name).itemsize for name in TRITON_DTYPES}
 
 
 @triton.jit
@@ -143,7 +146,7 @@ def split_count(ops, tokens, seqs, width, *, num_kv_heads: int, head_dim: int, p
         max_keys = ops.min(max_keys, window_left + 1)
     programs = batch * num_kv_heads
     runs = max_keys * head_dim // SPLIT_MIN_ELEMS  # splits the keys allow
-    wide = ops.max(1, ops.min(ops.min(ops.cdiv(2 * num_sms, programs), runs), MAX_SPLITS))
+    wide = ops.max(1, ops.min(ops.min(ops.cdiv(2 * num_sms, programs), runs), MAX_DECODE_SPLITS))
     splits = ops.const(1) + (wide - 1) * ops.lt(programs, num_sms)
     return ops.const(1) + (splits - 1) * ops.eq(tokens, seqs)
 
@@ -180,18 +183,11 @@ def attention_tiles(head_dim: int, dtype: str, group: int) -> dict:
     cfg = {"dv_split": 1, "interior": True, **default_config(head_dim, decode=False, elem_bytes=ELEM_BYTES[dtype])}
     cfg.pop("tma", None)  # the plugin's ABI passes pointers, not copy descriptors
     cfg.pop("wgmma", None)  # and launches this module's Triton kernel, not the Gluon one
-    gp = triton.next_power_of_2(group)
-    cfg.update(group_pad=gp, block_q=max(1, cfg["rows"] // gp))
+    cfg.update(group_pad=triton.next_power_of_2(group), block_q=query_block(cfg["rows"], group))
     return cfg
 
 
-def kv_write_block(width: int) -> int:
-    """Elements one KV-write program copies (the CUDA launcher's choice)."""
-    return min(1024, triton.next_power_of_2(width))
-
-
 # ---- compiling the wrappers to PTX (what aot_impl hands TensorRT) ------------------------------
-TRITON_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
 
 
 class Compiled(NamedTuple):
@@ -247,4 +243,4 @@ def compile_combine(dtype: str, *, head_dim: int, target=None) -> Compiled:
     t = TRITON_DTYPES[dtype]
     sig = {"out_in": f"*{t}", "ws_acc": "*fp32", "ws_ml": "*fp32", "kv_lens": "*i32", "table": "*i32",
            "num_splits": "i32", "out": f"*{t}"}
-    return _compile(combine_abi, sig, {"D": head_dim, "BLOCK_S": MAX_SPLITS}, target, num_warps=4)
+    return _compile(combine_abi, sig, {"D": head_dim, "BLOCK_S": MAX_DECODE_SPLITS}, target, num_warps=4)

@@ -151,7 +151,8 @@ def register_plugins() -> None:
 
     @trtp.aot_impl(f"{ns}::{schemas.KV_WRITE}")
     def _kv_aot(arena, k, v, slots, k_offset: int, v_offset: int, page_size: int, outputs, tactic):
-        width = _const(k.shape_expr[1]) * _const(k.shape_expr[2])
+        width = (_const(k.shape_expr[1], "KV write: k's dim 1 (num_kv_heads)")
+                 * _const(k.shape_expr[2], "KV write: k's dim 2 (head_dim)"))
         c = K.compile_kv_write(_dtype(arena), page_size=page_size, width=width)
         lp = _launch(c, (k.shape_expr[0], K.IntOps.cdiv(width, K.kv_write_block(width))))
         extra = trtp.SymIntExprs.from_tuple([trtp.SymInt32(k_offset), trtp.SymInt32(v_offset),
@@ -171,7 +172,8 @@ def register_plugins() -> None:
     def _sa_aot(q, arena, cu_q, kv_lens, page_table, first_page, k_offset: int, v_offset: int, page_size: int,
                 num_kv_heads: int, head_dim: int, window_left: int, scale: float, num_sms: int, max_seqs: int,
                 max_width: int, workspace_rows: int, outputs, tactic):
-        c, tiles = K.compile_attention(_dtype(q), num_q_heads=_const(q.shape_expr[1]), num_kv_heads=num_kv_heads,
+        num_q_heads = _const(q.shape_expr[1], "attention: q's dim 1 (num_q_heads)")
+        c, tiles = K.compile_attention(_dtype(q), num_q_heads=num_q_heads, num_kv_heads=num_kv_heads,
                                        head_dim=head_dim, page_size=page_size, scale=scale)
         tokens, seqs, width = q.shape_expr[0], kv_lens.shape_expr[0], page_table.shape_expr[1]
         splits = K.split_count(K.TrtOps, tokens, seqs, width, num_kv_heads=num_kv_heads, head_dim=head_dim,
@@ -213,10 +215,10 @@ def _launch(compiled, grid):
     return lp
 
 
-def _const(expr) -> int:
-    """A build-time constant dim (heads, head_dim) of a trtp.ShapeExpr."""
+def _const(expr, what: str) -> int:
+    """A build-time constant dim (heads, head_dim) of a trtp.ShapeExpr; `what` names it for the error."""
     if not expr.is_constant:
-        raise RuntimeError(f"expected a static dimension, got {expr!r}")
+        raise RuntimeError(f"{what} must be a static dimension (the plugin's kernel is compiled for it), got {expr!r}")
     return int(expr.constant_value())
 
 

@@ -72,10 +72,13 @@ class LLM:
 
     `record_logits=True` keeps every sampled logits row on the outputs (tests compare them).
     `overlap=False` runs one step at a time even when the engine could overlap (the bench's A/B).
+    `kernels` ("triton"|"reference") is the sampler's implementation (BatchSampler), None its default
+    for the logits' device; the engine's own choice is made where the engine is built.
     """
 
     def __init__(self, engine: Engine, num_frames: int, config: SchedulerConfig = SchedulerConfig(),
-                 eos_ids=(), shuffle_seed: int | None = None, record_logits: bool = False, overlap: bool = True):
+                 eos_ids=(), shuffle_seed: int | None = None, record_logits: bool = False, overlap: bool = True,
+                 kernels: str | None = None):
         self.engine = engine
         self.pool = FramePool(num_frames, shuffle_seed)
         self.scheduler = Scheduler(engine.geometry, self.pool, config)
@@ -84,7 +87,7 @@ class LLM:
         self.overlap = overlap and getattr(engine, "takes_feed", False)
         if hasattr(engine, "plan_batches"):
             engine.plan_batches(config.max_num_seqs)  # e.g. CUDA-graph buckets up to what is admitted
-        self.sampler = BatchSampler()
+        self.sampler = BatchSampler(kernels)
         self._launched: deque[_Launched] = deque()
         self._logits: dict[int, list[torch.Tensor]] = {}
         self._logprobs: dict[int, tuple[int, list]] = {}  # request id -> (top n, entries so far)
@@ -95,7 +98,8 @@ class LLM:
               page_tokens: int = 16, device=None, kernels: str | None = None, **kw) -> "LLM":
         """The eager paged engine on the model's device, with an arena of `num_frames` frames
         (or as many as fit in `kv_memory_bytes`); `kernels` ("triton"|"reference") overrides the
-        model's choice (`Gemma4Model.set_kernels`)."""
+        model's choice (`Gemma4Model.set_kernels`) and the sampler's, so one setting covers every op
+        of a step."""
         p = next(model.parameters())
         if kernels is not None:
             model.set_kernels(kernels)
@@ -107,7 +111,8 @@ class LLM:
             if num_frames == 0:
                 raise ValueError(f"kv_memory_bytes {kv_memory_bytes} holds no frame of {geometry.frame_bytes()} B")
         arena = Arena.for_geometry(geometry, num_frames, device or p.device)
-        return cls(EagerEngine(model, geometry, arena), num_frames, eos_ids=model.config.eos_token_ids, **kw)
+        return cls(EagerEngine(model, geometry, arena), num_frames, eos_ids=model.config.eos_token_ids,
+                   kernels=kernels, **kw)
 
     @classmethod
     def reference(cls, model, *, num_frames: int, page_tokens: int = 16, **kw) -> "LLM":
@@ -119,7 +124,14 @@ class LLM:
     def add_request(self, prompt_token_ids, params: SamplingParams = SamplingParams(),
                     logprobs: int | None = None) -> int:
         """Queue a request. `logprobs=n` records, per sampled token, its log-probability under the model
-        (log-softmax of the logits) and the n likeliest tokens' (`token_logprobs`, RequestOutput.logprobs)."""
+        (log-softmax of the logits) and the n likeliest tokens' (`token_logprobs`, RequestOutput.logprobs).
+        `n` is checked here: the top-n of a step is one op over every row that asked, so a bad `n` would
+        fail the whole step, every request in it."""
+        vocab = self.engine.geometry.layout.config.vocab_size
+        if logprobs is not None and (isinstance(logprobs, bool) or not isinstance(logprobs, int)
+                                     or not 0 <= logprobs <= vocab):
+            raise ValueError(f"logprobs must be None or an integer in [0, {vocab}] (the vocabulary size), "
+                             f"got {logprobs!r}")
         seq = self.scheduler.add(list(prompt_token_ids), params, self.eos_ids)
         if logprobs is not None:
             self._logprobs[seq.seq_id] = (logprobs, [])
@@ -135,8 +147,14 @@ class LLM:
 
     def step(self) -> list[RequestOutput]:
         """Launch the next step, then commit the one before it (with `overlap`; else this one);
-        return the requests that finished (cancelled ones included)."""
-        step = self.scheduler.schedule()
+        return the requests that finished (cancelled ones included). A scheduling error ends every
+        running request (the failed build may have leased pages for any of them) and is raised, as an
+        engine error ends the step's requests."""
+        try:
+            step = self.scheduler.schedule()
+        except BaseException as e:
+            self._fail(list(self.scheduler.running), e)
+            raise
         if step is not None:
             self._launch(step)
         elif self.scheduler.running and not self._launched:
@@ -145,9 +163,10 @@ class LLM:
             self._commit_oldest()
         return self.take_finished()
 
-    def _fail(self, step: ScheduledStep, error: BaseException) -> None:
-        self.scheduler.fail(step, error)
-        for seq in step.seqs:
+    def _fail(self, seqs, error: BaseException) -> None:
+        """End `seqs` with `error`: their pages go back to the pool, the engine drops their state."""
+        self.scheduler.fail(seqs, error)
+        for seq in seqs:
             self.engine.release(seq.seq_id)
 
     def _launch(self, step: ScheduledStep) -> None:
@@ -169,7 +188,7 @@ class LLM:
                 done.record()
             kept = logits.float().cpu().clone() if self.record_logits else None
         except BaseException as e:
-            self._fail(step, e)
+            self._fail(step.seqs, e)
             raise
         self._launched.append(_Launched(step, tokens, host, done, kept, lps))
 
@@ -200,7 +219,7 @@ class LLM:
                 launched.done.synchronize()
             tokens = launched.host.tolist()
         except BaseException as e:  # an asynchronous device error surfaces here
-            self._fail(launched.step, e)
+            self._fail(launched.step.seqs, e)
             raise
         if launched.logprobs is not None:
             rows, *host = launched.logprobs

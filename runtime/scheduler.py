@@ -70,6 +70,20 @@ class SchedulerConfig:
         return cls(**{**base, **overrides})
 
 
+# A built engine's recorded limits (its manifest's "limits", models/profiles.py StepLimits) -> the
+# SchedulerConfig field each one bounds. Frames (max_frames) bound the arena, not the scheduler.
+LIMIT_FIELDS = {"max_batched_tokens": "max_num_batched_tokens", "chunk": "chunk", "max_seqs": "max_num_seqs",
+                "max_model_len": "max_model_len"}
+
+
+def engine_limits(manifest: dict) -> dict[str, int]:
+    """The scheduler settings a built engine was built for, by SchedulerConfig's field names: a compiled
+    engine (TensorRT) runs only steps inside the profile derived from them, so a scheduler over it must
+    stay within them. Empty for an engine built without limits."""
+    limits = manifest.get("limits") or {}
+    return {field: limits[key] for key, field in LIMIT_FIELDS.items() if key in limits}
+
+
 @dataclass
 class Sequence:
     """One request's state. `tokens` = prompt + generated; `computed` = positions in the cache."""
@@ -174,9 +188,9 @@ class Scheduler:
     def forget(self, seq_id: int) -> None:
         """Drop a finished request's state once its output was handed out (a long-running service
         would otherwise keep every request it ever served)."""
-        seq = self.seqs.pop(seq_id)
-        if not seq.finished:
+        if not self.seqs[seq_id].finished:
             raise ValueError(f"request {seq_id} is still running")
+        del self.seqs[seq_id]
 
     def finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         """End a request for any reason; its pages and promise go back to the pool at once."""
@@ -191,9 +205,9 @@ class Scheduler:
         seq.status, seq.finish_reason, seq.error = "finished", reason, error
         seq.finish_time = time.perf_counter()
 
-    def fail(self, step: ScheduledStep, error: BaseException) -> None:
-        """The engine failed on `step`: end its requests (their cache contents are unknown)."""
-        for seq in step.seqs:
+    def fail(self, seqs, error: BaseException) -> None:
+        """A step (or building one) failed: end `seqs` with the error (their cache contents are unknown)."""
+        for seq in seqs:
             self.finish(seq, "error", f"{type(error).__name__}: {error}")
 
     # ---- one step ------------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Test fixtures for the plugin ops: a random paged batch built from contiguous K/V."""
+"""Test fixtures: for the plugin ops a random paged batch built from contiguous K/V; for the engines one mixed
+prefill step run by the eager and the compiled engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -103,3 +104,32 @@ def make_paged_batch(q_lens, kv_lens, *, num_q_heads: int, num_kv_heads: int, he
     return PagedBatch(q.to(dev), arena.to(dev), cu.to(dev), torch.tensor(kv_lens, dtype=torch.int32, device=dev),
                       table.to(dev), torch.tensor(first, dtype=torch.int32, device=dev), k_off, v_off, P,
                       num_kv_heads, window_left, scale, [k.to(dev) for k in seq_k], [v.to(dev) for v in seq_v])
+
+
+def mixed_step(model):
+    """A mixed prefill step of two sequences (37 and 11 tokens, 4-token pages) and its geometry."""
+    from g4rt.models.layout import PageGeometry
+    from g4rt.runtime.pages import FramePool
+    from g4rt.runtime.sampling import SamplingParams
+    from g4rt.runtime.scheduler import Scheduler, SchedulerConfig
+
+    geometry = PageGeometry.build(model.layout, page_tokens=4)
+    sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
+    sched.add(list(range(3, 40)), SamplingParams(max_new_tokens=2), ())
+    sched.add(list(range(50, 61)), SamplingParams(max_new_tokens=2), ())
+    return geometry, sched.schedule().batch
+
+
+def eager_and_compiled(model, scope):
+    """(eager logits, eager arena, compiled logits, compiled engine) of one mixed prefill step."""
+    from g4rt.runtime.arena import Arena
+    from g4rt.runtime.engines.eager import EagerEngine
+    from g4rt.runtime.engines.inductor import InductorEngine
+
+    geometry, batch = mixed_step(model)
+    eager_arena = Arena.for_geometry(geometry, 32)
+    eager = EagerEngine(model, geometry, eager_arena).step(batch)
+    compiled = InductorEngine(model, geometry, 32, compile_mode="default", compile_scope=scope)
+    with torch.inference_mode():
+        out = compiled.compiled(*batch.tensors())
+    return eager, eager_arena, out, compiled

@@ -6,8 +6,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from g4rt.bench.engine import (attention_flops, expert_bytes, exposure, kv_bytes_per_step, matmul_params,
-                              roofline, weight_bytes_per_step)
+from g4rt.bench.engine import expert_bytes, exposure, kv_bytes_per_step, roofline, weight_bytes_per_step
 from g4rt.models.model import Gemma4Model
 
 
@@ -32,40 +31,77 @@ def test_past_the_window_only_the_full_layers_read_more_kv(e2b):
     assert grow == 3 * 5 * full * layout.full.bytes_per_token_per_layer
 
 
+def e2b_matmul_params(cfg) -> int:
+    """The tiny E2B's matmul weights a token runs, by hand: layers 0-3 and 5 own a sliding cache, layer 4 a
+    full one, 6-8 share layer 5's and 9 layer 4's (no k/v projections, the MLP double-wide); every layer
+    has q and o (heads x head dim x H each), gate/up/down (3 x I x H) and the per-layer-input gate and
+    projection (2 x P x H); then the per-layer-input model projection (L x P x H) and the tied lm_head
+    (V x H). The embedding and per-layer-input tables are lookups, not matmuls."""
+    H, Q, kv, I, P = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.intermediate_size,
+                      cfg.hidden_size_per_layer_input)
+    D, G, L, V = cfg.head_dim, cfg.global_head_dim, cfg.num_hidden_layers, cfg.vocab_size
+
+    def layer(head_dim, kv_heads, mlp):
+        return 2 * Q * head_dim * H + 2 * kv_heads * head_dim * H + 3 * mlp * H + 2 * P * H
+
+    return 5 * layer(D, kv, I) + layer(G, kv, I) + 3 * layer(D, 0, 2 * I) + layer(G, 0, 2 * I) + L * P * H + V * H
+
+
+def attention_flops_at(cfg, sliding: int, full: int, position: int) -> int:
+    """QK^T and PV of one query at `position`, by hand: 2 x keys x head dim each per query head, the keys
+    its own position and those before it, on a sliding layer at most the window."""
+    Q, D, G, W = cfg.num_attention_heads, cfg.head_dim, cfg.global_head_dim, cfg.sliding_window
+    return sliding * 4 * min(position + 1, W) * D * Q + full * 4 * (position + 1) * G * Q
+
+
 def test_the_serial_floor_adds_the_matmuls_bound_to_the_attentions(e2b):
     """Bytes-bound at batch 1: the serial floor is the byte roofline. With a matmul rate low enough that
     the matmuls are compute-bound but the attention is not, it is the matmuls' FLOP time plus the KV
-    time, above both the byte roofline and the FLOP floor."""
+    time, above both the byte roofline and the FLOP floor, which adds the matmuls' and the attention's
+    FLOPs (2 a matmul weight a token, and `attention_flops_at`: 8 sliding layers and 2 full)."""
+    cfg = e2b.config
     bw = 1e6  # bytes/s: slow ceilings keep the tiny model's times clear of the records' 3-decimal rounding
     one = roofline(e2b, 1, 40, {"copy_GBps": bw / 1e9, "matmul_TFLOPs": 1.0})
     assert one["serial_floor_ms"] == one["roofline_step_ms"]
     batch, ctx = 64, 40
     w, kv = weight_bytes_per_step(e2b, batch), kv_bytes_per_step(e2b, batch, ctx)
-    mm = 2.0 * matmul_params(e2b) * batch
-    at = batch * attention_flops(e2b, [ctx - 1])
+    mm = 2.0 * e2b_matmul_params(cfg) * batch
+    at = batch * attention_flops_at(cfg, sliding=8, full=2, position=ctx - 1)
     peak = mm / (1.5 * w / bw)  # FLOP/s at which the matmuls take 1.5x their weight bytes' time
     assert at / peak < kv / bw  # the attention stays bytes-bound
     r = roofline(e2b, batch, ctx, {"copy_GBps": bw / 1e9, "matmul_TFLOPs": peak / 1e12})
     assert r["serial_floor_ms"] == pytest.approx((mm / peak + kv / bw) * 1e3, rel=1e-4)
+    assert r["flop_floor_ms"] == pytest.approx((mm + at) / peak * 1e3, rel=1e-4)
     assert r["serial_floor_ms"] > max(r["roofline_step_ms"], r["flop_floor_ms"])
     assert r["serial_tok_s_total"] == pytest.approx(batch / r["serial_floor_ms"] * 1e3, rel=1e-3)
 
 
 def test_a_mixture_of_experts_step_reads_and_runs_only_the_experts_its_routers_pick():
-    """At batch 1 a layer reads and runs its top_k experts, not all E (counting all of them put the 26B-A4B's
-    steps above their roofline); as the batch grows the distinct experts approach E, and the bytes those of
-    every weight; the FLOPs grow with top_k experts a token whatever the batch."""
+    """At batch 1 a layer reads and runs its top_k experts, not all E (all E would charge a step with bytes
+    it never reads); as the batch grows the distinct experts approach E, and the bytes those of every
+    weight; the FLOPs grow with top_k experts a token whatever the batch."""
     moe = Gemma4Model(tiny_config("26b"), dtype=torch.bfloat16, device="meta")
     cfg = moe.config
     E, k, L = cfg.num_experts, cfg.top_k_experts, cfg.num_hidden_layers
+    H, Q, I, M = cfg.hidden_size, cfg.num_attention_heads, cfg.intermediate_size, cfg.moe_intermediate_size
+    D, G, V = cfg.head_dim, cfg.global_head_dim, cfg.vocab_size
+    expert = 3 * M * H  # its gate and up (M x H each) and its down (H x M)
+    assert expert_bytes(moe) == 2 * expert  # bf16
+    everything = sum(p.numel() * p.element_size() for p in moe.parameters())
     ceil = {"copy_GBps": 1e-3, "matmul_TFLOPs": 1e-6}
     one = roofline(moe, 1, 40, ceil)
-    assert one["weight_bytes"] == weight_bytes_per_step(moe, 1) - (E - k) * L * expert_bytes(moe)
+    assert one["weight_bytes"] == everything - (E - k) * L * 2 * expert
     many = roofline(moe, 4096, 40, ceil)
-    assert many["weight_bytes"] == pytest.approx(weight_bytes_per_step(moe, 4096), rel=1e-9)
+    assert many["weight_bytes"] == pytest.approx(everything, rel=1e-9)
     assert one["weight_bytes"] < roofline(moe, 2, 40, ceil)["weight_bytes"] < many["weight_bytes"]
-    token = matmul_params(moe) - (E - k) * L * expert_bytes(moe) // 2  # bf16: 2 bytes a parameter
-    assert one["flop_floor_ms"] == pytest.approx((2 * token + attention_flops(moe, [39])) / 1e6 * 1e3, rel=1e-3)
+    # A token's matmul weights: per layer q and o, the dense MLP (3 x I x H), the router (E x H) and top_k
+    # experts; k and v on the 5 sliding layers (2 KV heads), k alone on the full one (k_eq_v, 1 KV head);
+    # and the tied lm_head (V x H).
+    ffn = 3 * I * H + E * H + k * expert
+    token = (5 * (2 * Q * D * H + 2 * cfg.num_key_value_heads * D * H + ffn)
+             + (2 * Q * G * H + cfg.num_global_key_value_heads * G * H + ffn) + V * H)
+    at = attention_flops_at(cfg, sliding=5, full=1, position=39)
+    assert one["flop_floor_ms"] == pytest.approx((2 * token + at) / 1e6 * 1e3, rel=1e-3)
 
 
 def test_a_kernel_is_charged_only_what_it_adds_past_the_kernels_before_it():

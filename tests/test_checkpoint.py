@@ -185,8 +185,8 @@ def test_packed_weights_keep_names_values_and_outputs(variant, tmp_path):
 @pytest.mark.parametrize("loader", ["load_model", "random_model"])
 def test_the_weights_packing_replaces_are_freed(loader, ckpt, monkeypatch):
     """When the loaders pack (on CUDA, `_ready`), the module alone holds the weights packing replaces, so
-    they are freed (and the caller's empty_cache returns them to the device): a loader's own table of
-    them kept 35.9 GiB of the 31B's originals alive beside the packed copies on the H200."""
+    they are freed (and the caller's empty_cache returns them to the device): any other reference to them,
+    a loader's own table of them say, keeps them alive beside the packed copies (35.9 GiB on the 31B)."""
     import weakref
 
     from g4rt.models import checkpoint

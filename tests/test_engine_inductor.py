@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_config
+from fixtures import eager_and_compiled
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.layout import PageGeometry
@@ -14,26 +15,6 @@ from g4rt.runtime.engines.inductor import DecodeInputs, InductorEngine, _with_co
 from g4rt.runtime.pages import FramePool
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import Scheduler, SchedulerConfig
-
-
-def mixed_step(model):
-    """A mixed prefill step of two sequences (37 and 11 tokens, 4-token pages) and its geometry."""
-    geometry = PageGeometry.build(model.layout, page_tokens=4)
-    sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
-    sched.add(list(range(3, 40)), SamplingParams(max_new_tokens=2), ())
-    sched.add(list(range(50, 61)), SamplingParams(max_new_tokens=2), ())
-    return geometry, sched.schedule().batch
-
-
-def eager_and_compiled(model, scope):
-    """(eager logits, eager arena, compiled logits, compiled engine) of one mixed prefill step."""
-    geometry, batch = mixed_step(model)
-    eager_arena = Arena.for_geometry(geometry, 32)
-    eager = EagerEngine(model, geometry, eager_arena).step(batch)
-    compiled = InductorEngine(model, geometry, 32, compile_mode="default", compile_scope=scope)
-    with torch.inference_mode():
-        out = compiled.compiled(*batch.tensors())
-    return eager, eager_arena, out, compiled
 
 
 @pytest.mark.slow
@@ -155,8 +136,8 @@ def test_layers_of_one_shape_share_compiled_graphs():
 
 def test_kv_shared_layers_stay_compiled_in_decode():
     """The E4B's layers are of 5 kinds (the first, sliding, full, and KV-shared sliding and full), each compiled for
-    one row and for more: 10 compiles of `attention_inputs`, past Dynamo's default limit of 8, beyond which the
-    KV-shared layers' decode ran eager. The engine raises the limit to what the model needs; a prefill and a
+    one row and for more: 10 compiles of `attention_inputs`, past Dynamo's default limit of 8, beyond which Dynamo
+    runs the KV-shared layers' decode eager. The engine raises the limit to what the model needs; a prefill and a
     one-row decode then compile every piece and run nothing eager."""
     from torch._dynamo.utils import counters
 
@@ -236,17 +217,18 @@ def test_the_profile_sorts_kernels_by_what_they_do():
     def event(name, us, device=cuda):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(elapsed_us=lambda: us))
 
+    def profile(*events):
+        return SimpleNamespace(events=lambda: list(events))
+
     names = {"_paged_attn_kernel": "attention", "_combine_kernel": "attention", "_kv_write_kernel": "kv_write",
              "_add_rms_norm_kernel": "rms_norm", "_rms_norm_kernel": "rms_norm", "_router_inputs_kernel": "rms_norm",
              "_normed_sum_kernel": "rms_norm", "_qkv_norm_rope_kernel": "norm_rope",
              "_gelu_tanh_mul_kernel": "gelu_mul", "triton_poi_fused_add_0": "inductor_fused",
              "nvjet_tst_128x64_64x4": "matmul", "_gemv_kernel": "matmul", "memcpy32_post": "other"}
-    prof = SimpleNamespace(events=lambda: [event(n, 2.0) for n in names] + [event("aten::add", 9.0, cpu)])
-    kinds = kernel_kinds(prof)
-    want = {}
-    for kind in names.values():
-        want[kind] = want.get(kind, 0) + 1
-    assert {k: v["count"] for k, v in kinds["by_kind"].items()} == want
+    for name, kind in names.items():
+        assert kernel_kinds(profile(event(name, 2.0)))["by_kind"] == {kind: {"count": 1, "ms": 0.002}}, name
+    kinds = kernel_kinds(profile(*(event(n, 2.0) for n in names), event("aten::add", 9.0, cpu)))
+    assert kinds["by_kind"]["rms_norm"] == {"count": 4, "ms": 0.008}
     assert kinds["kernels"] == len(names) and kinds["kernel_ms"] == round(2.0 * len(names) / 1e3, 3)
 
 

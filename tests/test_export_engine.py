@@ -22,6 +22,7 @@ from g4rt.export.onnx_export import MODEL_FILE, custom_nodes
 from g4rt.models import manifest as mf
 from g4rt.models.checkpoint import load_model, write_random_checkpoint
 from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.models.profiles import check_step
 from g4rt.runtime.admission import promise_for
 from g4rt.runtime.engines import open_engine
 from g4rt.runtime.llm import LLM
@@ -198,3 +199,7 @@ def test_inductor_engine_directory_is_complete(tmp_path):
         (model_dir / "model.safetensors").read_bytes()
     assert (weights / "config.json").is_file()
     assert load_model(weights).config == load_model(model_dir).config
+    # `profiles` means step bounds ({symbol: [min, opt, max]}); nothing bounds an inductor engine's steps, and
+    # its compile notes live under `compile`.
+    assert m["profiles"] == {} and m["compile"]["batch_buckets"]
+    check_step(m["profiles"], {"tokens": 4096, "seqs": 256})

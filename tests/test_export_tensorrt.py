@@ -140,7 +140,7 @@ def test_abi_kernels_match_reference(q_lens, kv_lens, splits, window_left, tiles
                           BLOCK_Q=tiles["block_q"], BLOCK_N=tiles["block_n"], DV_SPLIT=tiles["dv_split"],
                           INTERIOR=tiles["interior"], UPCAST=False, PREC="ieee")
     K.combine_abi[K.combine_grid(K.IntOps, T, splits, num_q_heads=hq)](
-        out, ws_acc, ws_ml, b.kv_lens, b.page_table, splits, out, D=d, BLOCK_S=K.MAX_SPLITS)
+        out, ws_acc, ws_ml, b.kv_lens, b.page_table, splits, out, D=d, BLOCK_S=K.MAX_DECODE_SPLITS)
     assert (out - want).abs().max().item() < 1e-5
 
 
@@ -167,6 +167,36 @@ def test_tiles_follow_the_dtype():
         assert full["block_q"] < half["block_q"]
     with pytest.raises(ValueError, match="int8"):
         K.attention_tiles(256, "int8", 8)
+
+
+def test_launch_numbers_have_one_definition(monkeypatch):
+    """The plan's launch numbers are the CUDA path's own definitions, not copies: the split cap
+    (`MAX_DECODE_SPLITS`, which decode_splits reads), the element sizes (torch's, as models.layout's dtype
+    table has them), the KV write's block and a tile's query block (`query_block`, which launch_constexprs reads)."""
+    from g4rt.models.layout import DTYPES
+    from g4rt.plugins import triton_attention as ta
+    from g4rt.plugins import triton_kv_write as tkw
+
+    assert K.MAX_DECODE_SPLITS == ta.MAX_DECODE_SPLITS and K.kv_write_block is tkw.kv_write_block
+    assert K.ELEM_BYTES == {name: DTYPES[name].itemsize for name in K.TRITON_DTYPES}
+    cpu = torch.device("cpu")
+    assert ta.decode_splits(1, 1, 1 << 20, 512, cpu) == ta.MAX_DECODE_SPLITS
+    monkeypatch.setattr(ta, "MAX_DECODE_SPLITS", 8)
+    assert ta.decode_splits(1, 1, 1 << 20, 512, cpu) == 8
+    for d, dtype, group in [(256, "bfloat16", 2), (512, "bfloat16", 8), (512, "float32", 5), (64, "float16", 1)]:
+        tiles = K.attention_tiles(d, dtype, group)
+        consts = ta.launch_constexprs(tiles, num_q_heads=group, num_kv_heads=1, head_dim=d, page_size=16,
+                                      num_splits=1, fp32=dtype == "float32", copies=False)
+        assert (tiles["block_q"], tiles["group_pad"]) == (consts["BLOCK_Q"], consts["GP"])
+    monkeypatch.setattr(ta, "query_block", lambda rows, group: 3)
+    assert ta.launch_constexprs(tiles, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, num_splits=1,
+                                fp32=False, copies=False)["BLOCK_Q"] == 3
+    blocks = []
+    monkeypatch.setattr(tkw, "kv_write_block", lambda width: blocks.append(width) or 8)
+    arena = torch.zeros(2, 64)
+    tkw.kv_write_(arena, torch.ones(3, 2, 8), torch.ones(3, 2, 8), torch.tensor([0, 1, -1], dtype=torch.int32),
+                  0, 32, 2)
+    assert blocks == [16] and arena[0, :32].eq(1).all()
 
 
 _PTX_SCRIPT = textwrap.dedent("""
@@ -253,3 +283,13 @@ def test_tiny_trt_engine_builds_checks_and_matches_ort(tmp_path):
     want = ort_engine.step(batch)
     assert (got - want).abs().max().item() < 1e-2
     assert torch.equal(trt_engine.arena.tensor.cpu(), ort_engine.arena.tensor)
+
+
+def test_a_dynamic_dimension_the_plugins_compile_for_is_named():
+    from g4rt.plugins.trt_plugins import _const
+
+    class Dynamic:
+        is_constant = False
+
+    with pytest.raises(RuntimeError, match=r"^attention: q's dim 1 \(num_q_heads\) must be a static dimension"):
+        _const(Dynamic(), "attention: q's dim 1 (num_q_heads)")

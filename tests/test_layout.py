@@ -91,3 +91,10 @@ def test_page_geometry_invariants(name, page_tokens):
         assert geo.layer_offsets(l.index) == geo.offsets[l.source]
     # The frame is exactly as big as the larger group's page.
     assert geo.frame_elems == max(geo.page_tokens[g.name] * g.bytes_per_token // g.dtype_bytes for g in lay.groups)
+
+
+@pytest.mark.parametrize("page_tokens, align, message", [(0, 16, "page_tokens must be positive, got 0"),
+                                                          (16, -4, "align must be positive, got -4")])
+def test_page_geometry_names_the_bad_setting(page_tokens, align, message):
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        PageGeometry.build(layout("31b"), page_tokens, align)

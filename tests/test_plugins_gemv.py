@@ -32,7 +32,7 @@ def test_gemv_matches_a_float64_matmul(m, n, k, dtype):
     torch.testing.assert_close(got.float(), want.float(), rtol=2 * eps, atol=2 * eps * want.float().abs().max().item())
 
 
-@pytest.mark.parametrize("config", tg.GEMV_CONFIGS[:3])
+@pytest.mark.parametrize("config", tg.GEMV_CONFIGS)
 def test_every_bench_config_computes_the_same_values(config):
     """Unsplit: the tile shape changes the order of the fp32 sums only, never which outputs a program
     writes."""
@@ -55,11 +55,12 @@ def test_gemv_refuses_what_it_cannot_compute():
 def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
     """bench/engine.py `gemv_record` (what `--matmuls` runs on the GPU), with the graph timing replaced by
     a clock that makes the third config fastest and a config that fails: every config is recorded, the
-    failing one by its error, and the fastest is reported."""
+    failing one by its error, and the fastest is reported. Its sweep lists are the bench's, not the library's."""
     from g4rt.bench import engine
+    assert not any(hasattr(tg, name) for name in ("GEMV_SPLITS", "SERVING_CONFIGS", "SERVING_SPLITS"))
     configs = tg.GEMV_CONFIGS[:3] + [(16, 100, 4, 2)]  # block_k 100 is no power of two: Triton refuses it
     monkeypatch.setattr(tg, "GEMV_CONFIGS", configs)
-    monkeypatch.setattr(tg, "GEMV_SPLITS", ())  # the op's plan for this weight is configs[0], unsplit
+    monkeypatch.setattr(engine, "GEMV_SPLITS", ())  # the op's plan for this weight is configs[0], unsplit
     clock = iter([3.0, 2.0, 1.0])
     monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), next(clock))[1])
     g = torch.Generator().manual_seed(2)
@@ -80,9 +81,10 @@ def test_the_bench_times_each_role_over_weights_of_one_shape(monkeypatch):
     """bench/engine.py `matmul_roles` on the tiny E2B, whose KV-shared layers have twice the MLP width:
     each record's weights share one shape (a role of mixed shapes could not run as one matmul loop), and
     the packed forms are the weights pack_weights packs (q/k/v only where a layer owns its cache)."""
+    from conftest import tiny_config
+
     from g4rt.bench import engine
     from g4rt.models.checkpoint import random_model
-    from tests.conftest import tiny_config
     monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), 1.0)[1])  # runs each form's matmuls once
     monkeypatch.setattr(engine, "gemv_record", lambda x, mats, reps: {"stage": "matmul_roles", "ms": 1.0})
     cfg = tiny_config("e2b")
@@ -358,8 +360,9 @@ def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
     want = (x.double() @ w.double().T)
     tol = 2 * torch.finfo(torch.bfloat16).eps * want.abs().max().item()
     ran = 0
-    for config in tg.SERVING_CONFIGS:
-        for splits in (1, *tg.SERVING_SPLITS):
+    from g4rt.bench.engine import SERVING_CONFIGS, SERVING_SPLITS
+    for config in SERVING_CONFIGS:
+        for splits in (1, *SERVING_SPLITS):
             out = torch.full((rows, n), float("nan"), device=dev, dtype=torch.bfloat16)
             try:
                 tg.gemv(x, w, config=config, out=out, splits=splits)
@@ -368,7 +371,7 @@ def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
             err = (out.double() - want).abs().max().item()
             assert err <= tol, (config, splits, err, tol)
             ran += 1
-    assert ran >= (len(tg.SERVING_CONFIGS) - 1) * (1 + len(tg.SERVING_SPLITS))  # all but one tile at 128 rows
+    assert ran >= (len(SERVING_CONFIGS) - 1) * (1 + len(SERVING_SPLITS))  # all but one tile at 128 rows
 
 
 def test_cublaslt_takes_long_k_weights_from_9_rows_to_128():

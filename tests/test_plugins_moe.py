@@ -20,7 +20,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported; `ma
 import pytest
 import torch
 
-from g4rt.plugins import ops
+from g4rt.plugins import ops  # noqa: F401  (registers torch.ops.g4rt.moe)
 from g4rt.plugins.reference import moe_ref
 
 pytestmark = [pytest.mark.filterwarnings("ignore:overflow encountered in exp"),  # gelu's exp -> inf is the intent
@@ -212,12 +212,19 @@ def test_op_dispatch_and_errors():
     assert torch.equal(torch.ops.g4rt.moe(*args, "reference"), moe_ref(*args))
     with pytest.raises(ValueError, match="kernels"):
         torch.ops.g4rt.moe(*args, "cuda")
-    if ops.HAVE_TRITON:
-        got = torch.ops.g4rt.moe(*args, "triton")
-        torch.testing.assert_close(got, moe_ref(*args), rtol=1e-5, atol=1e-5 * got.abs().max().item())
     x, idx, w, gate_up, down = args
     with pytest.raises(ValueError, match="down"):
-        torch.ops.g4rt.moe(x, idx, w, gate_up, down[:, :, :-1], "triton" if ops.HAVE_TRITON else "reference")
+        torch.ops.g4rt.moe(x, idx, w, gate_up, down[:, :, :-1], "reference")
+
+
+def test_op_dispatches_to_the_triton_kernels():
+    pytest.importorskip("triton", reason="the triton extra is not installed")
+    args = _experts(4, 40, 24, 8, 2, torch.float32, seed=5)
+    got = torch.ops.g4rt.moe(*args, "triton")
+    torch.testing.assert_close(got, moe_ref(*args), rtol=1e-5, atol=1e-5 * got.abs().max().item())
+    x, idx, w, gate_up, down = args
+    with pytest.raises(ValueError, match="down"):
+        torch.ops.g4rt.moe(x, idx, w, gate_up, down[:, :, :-1], "triton")
 
 
 def test_onnx_function_matches_reference():
@@ -273,7 +280,7 @@ def test_compiled_26b_step_is_bit_equal_with_plugin_kernels(report):
     identical greedy tokens from the inductor and the eager engine)."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from conftest import tiny_config
-    from test_engine_inductor import eager_and_compiled
+    from fixtures import eager_and_compiled
 
     from g4rt.models.checkpoint import random_model
     from g4rt.plugins import launch
@@ -288,8 +295,8 @@ def test_compiled_26b_step_is_bit_equal_with_plugin_kernels(report):
 
 def test_bench_roofline_counts_only_the_chosen_experts():
     """The active-weight roofline (bench.engine.active_weight_bytes, used by bench/moe.py): the census
-    counts the distinct experts each layer's router chose in decode steps of the batch, and with every
-    expert chosen the bytes are every parameter's."""
+    counts the distinct experts each layer's router chose in decode steps of the batch, and a layer that
+    reads d of its E experts leaves out exactly the other E - d experts' gate/up and down tensors."""
     from conftest import tiny_config
 
     from g4rt.bench import moe as bench_moe
@@ -309,7 +316,8 @@ def test_bench_roofline_counts_only_the_chosen_experts():
     assert all(len(steps) == 3 for steps in census.seen.values())  # the 3 decode steps, not the prefill
     distinct = census.distinct()
     assert len(distinct) == L and all(model.config.top_k_experts <= d <= E for d in distinct)
-    everything = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert active_weight_bytes(model, [E] * L) == everything
-    fewer = active_weight_bytes(model, distinct)
-    assert fewer == everything - round(sum(E - d for d in distinct) * 3 * 32 * 64 * 4)  # I=32, H=64, fp32
+    everything = sum(p.nbytes for p in model.parameters())
+    chosen = [i * 3 % E + 1 for i in range(L)]  # 1, 4, 7, 2, 5, 8 of the tiny 26B's 8 experts
+    unread = sum(p[d:].nbytes for layer, d in zip(model.layers, chosen)
+                 for p in (layer.experts.gate_up_proj, layer.experts.down_proj))
+    assert 0 < unread and active_weight_bytes(model, chosen) == everything - unread

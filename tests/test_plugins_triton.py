@@ -384,6 +384,25 @@ def test_which_launches_take_the_gluon_kernel():
                     takes(page=48), takes(group=128), takes(d=512, elem=2, group=8, page=16)])
 
 
+@pytest.mark.parametrize("capability, taken", [((9, 0), True), ((10, 0), False), ((12, 0), False), ((8, 0), False)])
+def test_the_gluon_kernel_only_on_compute_capability_9(monkeypatch, capability, taken):
+    """`warpgroup_mma` exists on sm_90 only: a launch on a GPU of compute capability 10 or 12 (and before 9) takes
+    this module's kernel, while dependent launches and tensor-memory copies (`hopper`) stay on from 9 up."""
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(ta, "interpreting", lambda: False)
+    ta.sm90.cache_clear()
+    ta.hopper.cache_clear()
+    try:
+        cfg = ta.default_config(512, False, 2)
+        assert ta.takes_wgmma(cfg, False, -1, 512, 2, 8, 160) is True  # the shape alone
+        assert ta.takes_wgmma(cfg, False, -1, 512, 2, 8, 160, cuda) is taken
+        assert ta.hopper(cuda) is (capability[0] >= 9)
+    finally:
+        ta.sm90.cache_clear()
+        ta.hopper.cache_clear()
+
+
 @pytest.mark.parametrize("wl", [-1, 29])
 @pytest.mark.parametrize("dv_split", [1, 2, 4])
 def test_prefill_interior_tiles_and_column_split(wl, dv_split):
@@ -433,3 +452,13 @@ def test_the_early_tile_only_where_a_key_row_is_whole_cache_lines():
                                     fp32=fp32, copies=False, decode=decode)["EARLY"]
     assert early(256) and early(512) and early(64) and early(32, fp32=True)
     assert not early(32) and not early(16, fp32=True) and not early(256, decode=False)
+
+
+@pytest.mark.parametrize("name", ["arena", "page_table"])
+def test_a_strided_last_dim_is_refused_by_name(name):
+    batch = batch_of([3], [20], 4, 2, 32, 4)
+    args = list(batch.args())
+    i = 1 if name == "arena" else 4
+    args[i] = torch.repeat_interleave(args[i], 2, dim=1)[:, ::2]
+    with pytest.raises(ValueError, match=f"^{name} must be contiguous in its last dim, got strides"):
+        ta.paged_attention(*args)

@@ -1,7 +1,9 @@
 """`g4rt plan` against gemma4-spec.md §4/§5 arithmetic, and `g4rt generate` end to end."""
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -143,3 +145,153 @@ def test_generate_bad_input_names_the_flag(capsys, model_dir):
         main(["generate", "--model", str(model_dir / "missing"), "--token-ids", "2"])
     with pytest.raises(SystemExit, match="token id 4096 is outside the vocabulary .0, 128."):
         main(["generate", "--model", str(model_dir), "--token-ids", "2,4096"])
+
+
+def test_help_and_docstring_name_every_command():
+    import g4rt.cli as cli
+    parser = cli.build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    assert list(sub.choices) == ["generate", "serve", "bench", "plan", "export", "build", "check", "trt-engine"]
+    first_line = cli.__doc__.splitlines()[0]
+    for name in sub.choices:
+        assert name in parser.description and name in first_line, name
+
+
+def _args(*argv):
+    from g4rt.cli import build_parser
+    return build_parser().parse_args(["generate", "--token-ids", "2", *argv])
+
+
+def test_scheduler_flags_default_to_the_devices_settings(capsys):
+    """Without flags the scheduler runs SchedulerConfig.for_device's settings (CUDA's measured ones on
+    CUDA); a flag wins; the budget is at least the chunk, and a default chunk at most a budget given."""
+    from g4rt.cli import _scheduler_config
+    from g4rt.runtime.scheduler import SchedulerConfig
+
+    for device in ("cuda", "cuda:1", "cpu"):
+        assert _scheduler_config(_args(), "generate", device, None) == SchedulerConfig.for_device(device)
+    cfg = _scheduler_config(_args("--max-batched-tokens", "512"), "generate", "cuda", None)
+    assert (cfg.chunk, cfg.max_num_batched_tokens, cfg.max_num_seqs) == (512, 512, 256)
+    cfg = _scheduler_config(_args("--chunk", "4096", "--max-num-seqs", "8"), "generate", "cuda", None)
+    assert (cfg.chunk, cfg.max_num_batched_tokens, cfg.max_num_seqs) == (4096, 4096, 8)
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "2048 on CUDA, 256 elsewhere" in text and "raised to --chunk when smaller" in text
+
+
+@pytest.fixture(scope="module")
+def limited_engine(model_dir, tmp_path_factory):
+    """An ONNX Runtime engine built for 2 sequences, 8 tokens a step, chunks of 4, 40 frames, 64 positions
+    (its profile: every step is checked against it)."""
+    from g4rt.export.build import export_onnx
+    from g4rt.models.profiles import StepLimits
+    out = tmp_path_factory.mktemp("limited") / "ort"
+    export_onnx(model_dir, out, dtype="float32", page_tokens=4,
+                limits=StepLimits(max_batched_tokens=8, chunk=4, max_seqs=2, max_frames=40, max_model_len=64))
+    return out
+
+
+def test_a_built_engines_limits_are_the_schedulers_defaults_and_bounds(capsys, limited_engine):
+    """`generate --engine` schedules within the limits the engine was built for (the defaults would ask
+    for steps of 256 tokens, which its profile refuses, failing every request), and refuses a flag that
+    asks for more, naming the flag and the limit."""
+    from g4rt.cli import _open_llm
+    from g4rt.runtime.scheduler import SchedulerConfig
+
+    llm, _ = _open_llm(_args("--engine", str(limited_engine)), "generate", limited_engine, lambda *a: 1000)
+    assert llm.scheduler.config == SchedulerConfig(max_num_batched_tokens=8, chunk=4, max_num_seqs=2,
+                                                   max_model_len=64)
+    assert llm.pool.num_frames == 40  # the engine's max_frames caps the default arena
+    out = json.loads(run_cli(capsys, "generate", "--engine", str(limited_engine), "--token-ids",
+                             "2,15,7,9,11,3,4,5,6,7", "--token-ids", "2,40", "--token-ids", "3,4,5",
+                             "--max-new-tokens", "5", "--json"))
+    assert [o["finish_reason"] for o in out["outputs"]] != ["error"] * 3
+    assert all(o["finish_reason"] in ("length", "stop") for o in out["outputs"]), out["outputs"]
+    for flag, value, limit in [("--max-num-seqs", "3", "max_seqs 2"), ("--chunk", "5", "chunk 4"),
+                               ("--max-batched-tokens", "16", "max_batched_tokens 8"),
+                               ("--max-model-len", "65", "max_model_len 64"), ("--num-frames", "41", "max_frames 40")]:
+        with pytest.raises(SystemExit, match=f"generate: {flag} {value} exceeds .*\\({limit}\\).*--{limit.split()[0]}"
+                                             .replace("_", "[-_]")):
+            main(["generate", "--engine", str(limited_engine), "--token-ids", "2", flag, value])
+    llm, _ = _open_llm(_args("--engine", str(limited_engine), "--max-num-seqs", "1", "--chunk", "2"), "generate",
+                       limited_engine, lambda *a: 10)
+    assert (llm.scheduler.config.max_num_seqs, llm.scheduler.config.chunk, llm.pool.num_frames) == (1, 2, 10)
+
+
+def test_ort_providers_reach_the_onnxruntime_engine(limited_engine):
+    from g4rt.cli import _open_llm
+
+    llm, _ = _open_llm(_args("--engine", str(limited_engine), "--ort-providers", "CPUExecutionProvider"), "generate",
+                       limited_engine, lambda *a: 8)
+    assert llm.engine.providers == ["CPUExecutionProvider"]
+    with pytest.raises(SystemExit, match="NoSuchExecutionProvider not available"):
+        main(["generate", "--engine", str(limited_engine), "--token-ids", "2", "--ort-providers",
+              "NoSuchExecutionProvider"])
+    with pytest.raises(SystemExit, match="--ort-providers applies to onnxruntime engines, not to --model"):
+        main(["generate", "--model", "tiny", "--token-ids", "2", "--ort-providers", "CPUExecutionProvider"])
+    with pytest.raises(SystemExit, match="--device cuda does not apply to an onnxruntime engine"):
+        main(["generate", "--engine", str(limited_engine), "--token-ids", "2", "--device", "cuda"])
+
+
+@pytest.fixture(scope="module")
+def inductor_dir(model_dir, tmp_path_factory):
+    from g4rt.export.build import write_inductor_engine
+    out = tmp_path_factory.mktemp("inductor") / "eng"
+    write_inductor_engine(model_dir, out, dtype="float32", page_tokens=4)
+    return out
+
+
+def test_the_device_and_kernels_reach_a_built_engine(monkeypatch, inductor_dir):
+    """--device goes to the backends that take one (inductor, tensorrt; default CUDA, where they run),
+    --kernels too for inductor; the scheduler defaults are that device's."""
+    import g4rt.runtime.engines as engines
+
+    opened = []
+
+    def fake_open(engine_dir, num_frames, **kw):
+        opened.append(kw)
+        raise RuntimeError("not opened in this test")
+    monkeypatch.setattr(engines, "open_engine", fake_open)
+    for extra, want in [((), {"device": "cuda"}), (("--device", "cuda:1", "--kernels", "reference"),
+                                                   {"device": "cuda:1", "kernels": "reference"}),
+                        (("--device", "cpu"), {"device": "cpu"})]:
+        with pytest.raises(SystemExit, match="generate: --engine: not opened in this test"):
+            main(["generate", "--engine", str(inductor_dir), "--token-ids", "2", *extra])
+        assert opened.pop() == want
+
+
+def test_compile_cache_env(monkeypatch, inductor_dir, tmp_path):
+    """The engine directory's compile cache, unless the variable is set already (kept, as the user's)."""
+    from g4rt.models import manifest as mf
+    from g4rt.runtime.engines.inductor import use_compile_cache
+
+    manifest = mf.read_manifest(inductor_dir)
+    cache = mf.resolve_file(inductor_dir, manifest, "compile_cache")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "shared"))
+    assert use_compile_cache(inductor_dir, manifest) == {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+                                                         "TRITON_CACHE_DIR": str(tmp_path / "shared")}
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str(cache / "inductor")
+
+
+def test_tensor_parallel_ranks_of_an_engine_dir_compile_into_its_cache(monkeypatch, inductor_dir):
+    """The ranks are spawned with this process's environment: it names the directory's cache before."""
+    import g4rt.runtime.engines.parallel as parallel
+    from g4rt.models import manifest as mf
+
+    seen = []
+
+    class FakeParallelEngine:
+        def __init__(self, spec):
+            seen.append((spec, {v: os.environ.get(v) for v in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")}))
+            raise RuntimeError("not started in this test")
+    monkeypatch.setattr(parallel, "ParallelEngine", FakeParallelEngine)
+    for var in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    with pytest.raises(SystemExit, match="not started in this test"):
+        main(["generate", "--engine", str(inductor_dir), "--token-ids", "2", "--tensor-parallel", "2"])
+    cache = mf.resolve_file(inductor_dir, mf.read_manifest(inductor_dir), "compile_cache")
+    (spec, env), = seen
+    assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
+    assert spec.device == "cuda" and spec.backend == "inductor"

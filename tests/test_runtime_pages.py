@@ -254,3 +254,51 @@ def test_bad_inputs_name_the_field():
     sched = Scheduler(tiny_geometry(), FramePool(8), SchedulerConfig(max_num_batched_tokens=8, chunk=4))
     with pytest.raises(ValueError, match="prompt"):
         sched.add([], SamplingParams())
+
+
+def test_forget_refuses_a_running_request_and_keeps_it():
+    sched = Scheduler(tiny_geometry(), FramePool(16), SchedulerConfig(max_num_batched_tokens=8, chunk=4))
+    seq = sched.add([1, 2, 3], SamplingParams(max_new_tokens=2))
+    with pytest.raises(ValueError, match=f"request {seq.seq_id} is still running"):
+        sched.forget(seq.seq_id)
+    assert sched.seqs[seq.seq_id] is seq  # still known: it can be finished and handed out later
+    sched.cancel(seq.seq_id)
+    sched.forget(seq.seq_id)
+    assert seq.seq_id not in sched.seqs
+
+
+def test_a_scheduling_error_fails_the_running_requests_and_returns_their_pages(monkeypatch):
+    """`LLM.step` treats an error while building a step like an engine error: every running request
+    ends with it, its pages and promise go back, and the LLM serves the next requests."""
+    frames = 32
+    engine = RecordingEngine(tiny_geometry(), frames)
+    llm = LLM(engine, frames, SchedulerConfig(max_num_batched_tokens=8, chunk=4, max_num_seqs=4))
+    a = llm.add_request([1, 2, 3, 4, 5, 6], SamplingParams(max_new_tokens=4))
+    b = llm.add_request([7, 8], SamplingParams(max_new_tokens=4))
+    assert llm.step() == [] and len(llm.scheduler.running) == 2
+
+    def broken(plan):
+        raise PoolError("injected scheduling failure")
+    monkeypatch.setattr(llm.scheduler, "_build", broken)
+    with pytest.raises(PoolError, match="injected"):
+        llm.step()
+    monkeypatch.undo()
+    assert not llm.scheduler.running and llm.pool.num_free == frames and llm.pool.reserved == 0
+    outs = {o.request_id: o for o in llm.take_finished()}
+    assert {outs[a].finish_reason, outs[b].finish_reason} == {"error"}
+    assert "PoolError: injected scheduling failure" in outs[a].error
+    assert {a, b} <= set(engine.released)
+    assert llm.generate([[1, 2, 3]], SamplingParams(max_new_tokens=2))[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize("bad", [-1, VOCAB + 1, 2.0, True, "3"])
+def test_logprobs_outside_the_vocabulary_are_refused_when_added(bad):
+    """The top-n of a step is one op over every row that asked: a bad n must not reach it (it would fail
+    every request of the step), so add_request refuses it, naming the field and the value."""
+    llm = LLM(RecordingEngine(tiny_geometry(), 16), 16)
+    with pytest.raises(ValueError, match=rf"logprobs must be None or an integer in \[0, {VOCAB}\].*got {bad!r}"):
+        llm.add_request([1, 2], SamplingParams(max_new_tokens=1), logprobs=bad)
+    assert not llm.has_unfinished() and not llm.scheduler.seqs
+    rid = llm.add_request([1, 2], SamplingParams(max_new_tokens=1), logprobs=VOCAB)  # every entry: allowed
+    (out,) = llm.step()
+    assert out.request_id == rid and len(out.logprobs[0][1]) == VOCAB

@@ -197,3 +197,15 @@ def test_logprobs_are_the_log_softmax_of_the_sampled_rows(overlap):
         lp = torch.log_softmax(row.float(), -1)
         assert abs(lp[token].item() - chosen) < 1e-5
         assert [t for t, _ in top] == lp.topk(3).indices.tolist()
+
+
+def test_the_kernels_choice_reaches_the_sampler():
+    """`kernels` picks the sampler's implementation as it does the model's: LLM.paged sets both, an LLM
+    over any engine takes it for its sampler (the CLI's --kernels passes it to either)."""
+    model = random_model(tiny_config("e2b"), torch.float32, "cpu", seed=5)
+    assert LLM.paged(model, num_frames=8, page_tokens=4, kernels="reference").sampler.kernels == "reference"
+    assert LLM.paged(model, num_frames=8, page_tokens=4).sampler.kernels is None  # the device's default
+    llm = LLM.paged(model, num_frames=8, page_tokens=4)
+    assert LLM(llm.engine, 8, kernels="triton").sampler.kernels == "triton"
+    with pytest.raises(ValueError, match="BatchSampler.kernels"):
+        LLM(llm.engine, 8, kernels="cuda")

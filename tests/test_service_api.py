@@ -23,6 +23,7 @@ from fastapi.testclient import TestClient
 from g4rt.bench.serve import request
 from g4rt.models.checkpoint import load_model
 from g4rt.models.tiny import ensure_tiny
+from g4rt.runtime.engines import EngineDead
 from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
@@ -38,11 +39,13 @@ KEY = "sk-test"
 
 
 class Switches:
-    """Test switches shared with the engine process: fail the next step, let steps run, let warm-up end."""
+    """Test switches shared with the engine process: fail the next step, make it the engine's death
+    (EngineDead), let steps run, let warm-up end."""
 
     def __init__(self):
         ctx = mp.get_context("spawn")
         self.fail_next, self.running, self.warm = ctx.Event(), ctx.Event(), ctx.Event()
+        self.die_next = ctx.Event()
         self.running.set()
         self.warm.set()
 
@@ -63,6 +66,8 @@ class TestEngine:
         if self.sw.fail_next.is_set():
             self.sw.fail_next.clear()
             raise RuntimeError("injected engine failure")
+        if self.sw.die_next.is_set():
+            raise EngineDead("injected engine death")
         return self.inner.step(batch, seq_ids, **kw)
 
     def release(self, seq_id) -> None:
@@ -386,15 +391,62 @@ def test_warm_up_bounds_cover_every_step(tiny):
                                  "max_tokens": 128}
 
 
+def test_warm_up_sliding_bound_is_the_admission_rule(tiny):
+    """The decode graphs' sliding width comes from the rule admission promises by (a chunk of one
+    token), also where the page size divides W - 1 (there it is one page above the widest decode table,
+    which a run confirms it covers)."""
+    model = load_model(tiny, dtype=torch.float32, device="cpu")
+    window = model.config.sliding_window
+    for page_tokens in (4, 16, window - 1):  # two pages, under one page, W - 1 a page
+        llm = LLM.paged(model, num_frames=FRAMES, page_tokens=page_tokens, config=CONFIG)
+        geo = llm.engine.geometry
+        bound = graph_bounds(llm)["max_sliding_pages"]
+        assert bound == min(geo.pages_for("sliding", llm.scheduler.max_model_len), geo.sliding_pages_per_request(1))
+    widths, step = [], llm.engine.step
+
+    def record(batch, seq_ids=(), **kw):
+        if batch.is_decode:
+            widths.append(batch.sliding_table.shape[1])
+        return step(batch, seq_ids, **kw)
+    llm.engine.step = record
+    llm.generate([list(range(3, 3 + n)) for n in (window + 1, 2 * window)],
+                 SamplingParams(max_new_tokens=window, ignore_eos=True))
+    assert max(widths) == 2 < bound == 3
+
+
+def long_stream_running(server):
+    """A long streaming completion on a thread, once the engine runs it: (the thread, the dict its result
+    lands in as "r")."""
+    stream = {}
+    t = threading.Thread(target=lambda: stream.update(r=asyncio.run(request(
+        server.url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
+                                        "stream": True}))))
+    t.start()
+    wait_for(lambda: ready(server)["running"] == 1)
+    return t, stream
+
+
+def test_an_engine_that_reports_itself_dead_stops_the_service(tiny):
+    """EngineDead from a step (a tensor-parallel engine after a rank failed) is not one failed step: the
+    engine process stops, requests in flight get a 500, /health turns 503 and the server exits 1."""
+    with serving(tiny) as (server, sw):
+        engine = server.service.engine
+        t, stream = long_stream_running(server)
+        sw.die_next.set()
+        t.join(20)
+        assert "the engine loop died: EngineDead: injected engine death" in stream["r"].error and stream["r"].done
+        wait_for(lambda: server.exit_code is not None)
+        assert server.exit_code == 1
+        with TestClient(build_app(server.service)) as tc:
+            health = tc.get("/health")
+            assert health.status_code == 503 and "EngineDead" in health.json()["error"]
+    assert gone(engine.proc.pid)
+
+
 def test_a_dead_engine_process_fails_in_flight_requests_and_the_service(tiny):
     with serving(tiny) as (server, _):
         engine = server.service.engine
-        stream = {}
-        t = threading.Thread(target=lambda: stream.update(r=asyncio.run(request(
-            server.url, "/v1/completions", {"prompt": "Hello", "max_tokens": 3000, "ignore_eos": True,
-                                            "stream": True}))))
-        t.start()
-        wait_for(lambda: ready(server)["running"] == 1)
+        t, stream = long_stream_running(server)
         os.kill(engine.proc.pid, signal.SIGKILL)
         t.join(20)
         assert "engine process died (exit code -9)" in stream["r"].error and stream["r"].done

@@ -121,3 +121,39 @@ def test_streams_that_start_or_end_are_delivered_before_the_others(ctx):
         assert delivered[3] == (2, None) and delivered[2][1] == b"data: [DONE]\n\n"
     finally:
         loop.close()
+
+
+@pytest.mark.parametrize("kind", ["chat", "completion"])
+def test_a_prompt_that_fills_max_model_len_is_refused_naming_the_prompt(ctx, kind):
+    """No room for one token: a 400 naming the prompt's field and both lengths, whether max_tokens was
+    sent or not (without it, chat's default of what is left would be 0 tokens)."""
+    from g4rt.runtime.service.protocol import APIError
+
+    body = ({"messages": [{"role": "user", "content": "Hello there, how are you today?"}]} if kind == "chat"
+            else {"prompt": list(range(4, 40))})
+    fn, param = (prepare.chat, "messages") if kind == "chat" else (prepare.completion, "prompt")
+    n = len(fn(json.dumps(body).encode(), ctx).prompts[0])
+    for limit in (n, n - 1):
+        small = prepare.Context(ctx.model_name, limit, ctx.tokenizer, ctx.template)
+        for extra in ({}, {"max_tokens": 1}):
+            with pytest.raises(APIError) as e:
+                fn(json.dumps({**body, **extra}).encode(), small)
+            err = e.value
+            assert (err.status, err.param, err.code) == (400, param, "context_length_exceeded"), err.message
+            assert f"{param} is {n} tokens" in err.message and f"max_model_len {limit} tokens" in err.message
+    roomy = prepare.Context(ctx.model_name, n + 1, ctx.tokenizer, ctx.template)
+    assert fn(json.dumps({**body, "max_tokens": 1}).encode(), roomy).choices[0][1].max_new_tokens == 1
+
+
+@pytest.mark.parametrize("choice, ok", [(None, True), ("none", True), ("auto", True), ("required", False),
+                                        ({"type": "function", "function": {"name": "f"}}, False)])
+def test_tool_choice_error_names_what_is_accepted(ctx, choice, ok):
+    from g4rt.runtime.service.protocol import APIError, ChatCompletionRequest, parse
+
+    body = json.dumps({"messages": [{"role": "user", "content": "Hi"}], "tool_choice": choice}).encode()
+    if ok:
+        parse(ChatCompletionRequest, body)
+        return
+    with pytest.raises(APIError) as e:
+        parse(ChatCompletionRequest, body)
+    assert e.value.param == "tool_choice" and "only 'none' and 'auto'" in e.value.message

@@ -15,14 +15,26 @@
 #            for two programs an SM (next/split2)
 #   early  = next/early-kv: a decode's attention reads its split's first K tile before its wait
 #   early2 = next/early2: and asks L2 for that tile's V rows before it
-# First call to make (budget 585):
+# Session 28's first call (superseded by session 29's below, whose allnorm arm holds `all`; budget 585):
 #   GPU_TESTS="all:tests/test_plugins_gluon_gemv.py,tests/test_plugins_triton.py" MODELS="e2b e4b" \
 #     ARMS="new all new all new all" bash export/results/s28_h200.sh b1 585
 # then, if `all` gains, one call that splits it: MODELS=e2b ARMS="new both early2 new both early2 new both early2",
 # and one on the 31B, whose batch-1 cuts over K and 60 attention launches `all` changes too:
 #   MODELS=31b ARMS="new all new all" B1_CAP=240 bash export/results/s28_h200.sh b1 585
 #
-#     for a in all:next/all both:next/wide-split2 early:next/early-kv early2:next/early2; do
+# Arms added in session 29 (no device lent either; CPU-tested branches):
+#   write   = next/decode-write: a decode's attention launch writes the step's K/V rows itself (no KV write launch)
+#   norm    = next/decode-norm: and norms and ropes its q and those rows from the packed projection (no q/k/v norm
+#             launch either: 50 launches fewer a step on the E2B, 120 on the 31B)
+#   allnorm = next/all-norm: next/all and next/decode-norm together
+# The first call to make (budget 585; the GPU tests compare the fused launch with the three it replaces):
+#   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py" MODELS=e2b \
+#     ARMS="new allnorm norm new allnorm norm new allnorm norm" bash export/results/s28_h200.sh b1 585
+# then the E4B the same way, and the 31B (its serving batches with `bench.engine --decode-steps`, where the fused
+# launch's one-warp tile spills 232 bytes against 180) before any of these is merged.
+#
+#     for a in all:next/all both:next/wide-split2 early:next/early-kv early2:next/early2 write:next/decode-write \
+#              norm:next/decode-norm allnorm:next/all-norm; do
 #       git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done                 # the arms' trees
 #     bash export/results/s28_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b1}

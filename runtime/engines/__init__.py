@@ -23,6 +23,10 @@ reference cache) run a model in memory (eager.py); `OrtEngine` (onnxruntime.py),
 by its manifest's `backend`. Each backend module imports its own optional dependency, so opening one
 kind never needs another's.
 
+An engine that can run no further step raises `EngineDead` from `step` (a tensor-parallel engine once a
+rank failed, parallel.py): the service then stops instead of failing every later request
+(runtime/service/engine_loop.py). Any other exception from `step` fails that step's requests only.
+
 Paged engines ignore `seq_ids` (everything they need is in the batch's page tables). The linear
 reference needs them, because its contiguous caches are keyed by request, not by page.
 """
@@ -54,6 +58,10 @@ class Feed:
         token_ids.index_copy_(0, self.index, self.tokens.to(token_ids.dtype))
 
 
+class EngineDead(RuntimeError):
+    """The engine failed for good: every later step would fail too (module docstring)."""
+
+
 class Engine(Protocol):
     geometry: PageGeometry
     config: Gemma4Config
@@ -65,7 +73,8 @@ class Engine(Protocol):
 
 def open_engine(engine_dir: str | Path, num_frames: int, **kw) -> Engine:
     """Open any engine directory as an Engine, by its manifest's backend. Keyword arguments go to
-    that backend's engine (e.g. `kernels` for inductor, `threads` for onnxruntime)."""
+    that backend's engine (`device` and `kernels` for inductor, `device` for tensorrt, `providers` and
+    `threads` for onnxruntime)."""
     backend = mf.read_manifest(engine_dir).get("backend")
     if backend == "onnxruntime":
         from .onnxruntime import OrtEngine

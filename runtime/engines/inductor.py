@@ -25,6 +25,7 @@ The capture runs on CUDA only (bench/engine.py); the CPU suite checks the paddin
 from __future__ import annotations
 
 import copy
+import logging
 import math
 import os
 from pathlib import Path
@@ -43,6 +44,31 @@ from ..arena import Arena
 from .piecewise import PiecewiseGraphs, token_buckets
 
 MAX_BATCH = 256  # decode graphs are captured up to this many sequences unless the runtime plans more
+
+log = logging.getLogger(__name__)
+
+# The compiler caches an engine directory keeps (its manifest's "compile_cache"): variable -> subdirectory.
+CACHE_VARIABLES = {"TORCHINDUCTOR_CACHE_DIR": "inductor", "TRITON_CACHE_DIR": "triton"}
+
+
+def use_compile_cache(engine_dir: str | Path, manifest: dict) -> dict[str, str]:
+    """Point Inductor's and Triton's caches at `engine_dir`'s compile cache, so a restart reuses the
+    kernels compiled before; returns {variable: directory in use}.
+
+    They are environment variables, so the choice is per process, not per engine: Inductor reads
+    TORCHINDUCTOR_CACHE_DIR whenever it opens its cache (torch._inductor.config has no setting for it),
+    and its compile workers and the tensor-parallel ranks are processes of their own, which inherit the
+    environment but not a `triton.knobs` setting made here. Call it before anything compiles, in the
+    process that starts those. A variable already set is kept: the user's (a cache shared between
+    directories) or an earlier engine's in this process; it is logged when it is not this directory's."""
+    cache = mf.resolve_file(engine_dir, manifest, "compile_cache")
+    used = {}
+    for var, sub in CACHE_VARIABLES.items():
+        want = str(cache / sub)
+        used[var] = os.environ.setdefault(var, want)
+        if used[var] != want:
+            log.info("%s is set to %s: %s compiles into that, not into %s", var, used[var], engine_dir, want)
+    return used
 
 
 def batch_buckets(max_batch: int) -> tuple[int, ...]:
@@ -134,8 +160,8 @@ class InductorEngine:
     (layers of one shape share one compiled graph per piece, so compile time does not grow with depth;
     the model itself is left uncompiled: the engine works on a copy of its module tree that shares the
     weights); "step" compiles the whole step as one graph (fusion across layer boundaries, but Dynamo
-    traces every layer: the 31B's 60 layers took 404 s of compile and capture on the H200,
-    export/results). Both scopes are checked against eager in tests/test_engine_inductor.py.
+    traces every layer, so its compile time grows with depth: export/results/README.md has the 31B's).
+    Both scopes are checked against eager in tests/test_engine_inductor.py.
     """
 
     def __init__(self, model, geometry, num_frames: int, compile_mode: str | None = "default",
@@ -189,13 +215,12 @@ class InductorEngine:
         full width, so only sliding buckets up to ceil(full bucket x full page / sliding page) occur.
 
         Each graph is launched once when captured (on its dummy inputs): the first launch of a CUDA graph
-        also uploads it to the device, 0.8-1.6 ms more host time than a later launch on the H200
-        (`bench.engine --first-launches`, export/results), which the first request to use a graph would
-        otherwise pay. By the same numbers (3-5 ms per launch) that adds ~0.6 s to the E2B's warm-up of
-        126 decode graphs and 12 token buckets.
+        also uploads it to the device, host time a later launch does not pay, which the first request to
+        use a graph would otherwise pay; the warm-up pays it instead, once per graph (`bench.engine
+        --first-launches` measures it; export/results/README.md has the numbers).
 
-        Compiling and capturing them takes one to two and a half minutes on the H200 (runtime/results),
-        so each kind shows a progress bar on stderr."""
+        Compiling and capturing them takes minutes for the large models (runtime/results/README.md), so
+        each kind shows a progress bar on stderr."""
         if self.device.type != "cuda":
             return 0
         pt_s, pt_f = self.geometry.page_tokens["sliding"], self.geometry.page_tokens["full"]
@@ -217,13 +242,12 @@ class InductorEngine:
     @classmethod
     def open(cls, engine_dir: str | Path, num_frames: int, device: str = "cuda",
              kernels: str | None = None) -> "InductorEngine":
-        """Load the weights inside `engine_dir` (`g4rt build` put them there) and compile, with the
-        compiler caches in the directory too, so a restart reuses compiled kernels."""
+        """Load the weights inside `engine_dir` (`g4rt build` put them there) onto `device` and compile,
+        with the compiler caches in the directory too (`use_compile_cache`), so a restart reuses compiled
+        kernels."""
         engine_dir = Path(engine_dir)
         manifest = mf.check_manifest(engine_dir, backend="inductor")
-        cache = mf.resolve_file(engine_dir, manifest, "compile_cache")
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache / "inductor"))
-        os.environ.setdefault("TRITON_CACHE_DIR", str(cache / "triton"))
+        use_compile_cache(engine_dir, manifest)
         model = load_model(mf.resolve_file(engine_dir, manifest, "weights"), dtype=manifest["dtype"], device=device,
                            kernels=kernels)
         mf.check_manifest(engine_dir, config=model.config)

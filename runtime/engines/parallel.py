@@ -14,10 +14,11 @@ waits for the device), gloo on CPU.
 Why a pipe for the header: a worker waits for the next step as long as the server is idle, which a
 collective cannot do without timing out. Every collective therefore starts only once all ranks are
 about to join it, and `timeout_s` bounds each one. Failures: a rank that raises sends its traceback
-to rank 0 and exits; rank 0 raises `ParallelError` naming it (gloo notices the dead peer at once;
+to rank 0 and exits; rank 0 raises an error naming it (gloo notices the dead peer at once;
 NCCL at the collective timeout) and stops the other ranks. A failure while loading is reported the
-same way before any collective runs, within `init_timeout_s`. After a failure the engine refuses
-further steps.
+same way before any collective runs, within `init_timeout_s`. A failure during a step or a call stops
+every rank, so the engine is dead from then on: that failure and every later step raise
+`ParallelEngineDead` (an `EngineDead`, engines/__init__.py), which the service treats as fatal.
 """
 from __future__ import annotations
 
@@ -42,11 +43,15 @@ from g4rt.models.parallel import ParallelError, check_tensor_parallel, load_rank
 from g4rt.models.step import StepBatch, input_shape, to_device
 
 from ..arena import Arena
-from . import Feed
+from . import EngineDead, Feed
 from .eager import EagerEngine
 
 BACKENDS = ("eager", "inductor")
 _SIZES = ("tokens", "seqs", "sliding_pages", "full_pages", "rows", "feed")
+
+
+class ParallelEngineDead(ParallelError, EngineDead):
+    """A rank failed and every rank was stopped: this engine runs no further step."""
 
 
 @dataclass(frozen=True)
@@ -80,8 +85,8 @@ class RankSpec:
             raise ParallelError("init_timeout_s and timeout_s must be positive")
 
     def threads_per_rank(self) -> int:
-        """CPU ranks share the cores: more threads than cores make OpenMP spin against the other
-        ranks (seen on a 2-core host with 2 threads per rank; that slowdown is in no committed results file)."""
+        """CPU ranks share the cores: each gets its share of this process's cores, since more threads
+        than cores make OpenMP spin against the other ranks."""
         return self.cpu_threads or max(1, len(os.sched_getaffinity(0)) // self.tensor_parallel)
 
     def config(self):
@@ -263,8 +268,8 @@ class ParallelEngine:
         for conn in self._conns:
             conn.send(message)
 
-    def _failure(self, error: BaseException) -> BaseException:
-        """Stop every rank after `error`; the exception to raise: a worker's own report when one came."""
+    def _failure(self, error: BaseException) -> None:
+        """Stop every rank after `error`; `_error` says why: a worker's own report when one came."""
         reports = []
         for conn in wait(self._conns, timeout=0.5) if self._conns else []:
             try:
@@ -277,21 +282,22 @@ class ParallelEngine:
         if reports:
             rank, detail = reports[0]
             self._error = f"tensor-parallel rank {rank} failed:\n{detail}"
-            return ParallelError(self._error)
-        self._error = f"tensor-parallel rank 0 failed: {type(error).__name__}: {error}"
-        return error
+        else:
+            self._error = f"tensor-parallel rank 0 failed: {type(error).__name__}: {error}"
 
     def _raise(self, error: BaseException):
-        failure = self._failure(error)
-        if failure is error:
+        """Stop every rank and raise: `ParallelEngineDead` naming the failed rank, from `error` (an
+        interrupt, not an Exception, is raised as it is; the engine is dead all the same)."""
+        self._failure(error)
+        if not isinstance(error, Exception):
             raise error
-        raise failure from error
+        raise ParallelEngineDead(self._error) from error
 
     def _guard(self) -> None:
         if self._error is not None:
-            raise ParallelError(f"the tensor-parallel engine stopped after an error; {self._error}")
+            raise ParallelEngineDead(f"the tensor-parallel engine stopped after an error; {self._error}")
         if self._procs is None:
-            raise ParallelError("the tensor-parallel engine is closed")
+            raise ParallelEngineDead("the tensor-parallel engine is closed")
 
     def _pack(self, batch: StepBatch, feed: Feed | None) -> torch.Tensor:
         flat = to_device(torch.cat([t.reshape(-1) for t in batch.tensors()]), self._comm)

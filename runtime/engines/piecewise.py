@@ -3,13 +3,13 @@ attention calls, per token-count bucket; the attention calls run eagerly between
 
 Why: a step that is not a pure decode (a prefill chunk, or decodes mixed with one) has too many
 shapes (tokens, sequences, table widths, logits rows) to capture whole, and run as plain torch it
-pays the host's cost of every op of every layer: the E2B's 35 layers took ~50 ms of host time for a
-128-token prefill on the H200, so each new request's mixed step stalled every running decode
-(runtime/results/README.md). Everything in the model except the attention call is token-wise (each
-token's row is computed from that row alone, MoE routing included), so that part depends only on the
-number of tokens: padded to a bucket T' >= T (token 0 at position 0 in the padded rows) it can be
-replayed from a graph captured once per bucket (`token_bucket`; the eager engines pad to the same
-rows, plugins/buckets.py says why). The attention call (K/V write, paged attention) runs
+pays the host's cost of every op of every layer, which each new request's mixed step would add to
+every running decode's inter-token time (runtime/results/README.md and DESIGN.md have the times).
+Everything in the model except the attention call is token-wise (each token's row is computed from
+that row alone, MoE routing included), so that part depends only on the number of tokens: padded to
+a bucket T' >= T (token 0 at position 0 in the padded rows) it can be replayed from a graph captured
+once per bucket (`token_bucket`; the eager engines pad to the same rows, plugins/buckets.py says
+why). The attention call (K/V write, paged attention) runs
 eagerly on the real T rows with the step's real metadata (its kernels called as plain functions,
 not through the dispatcher: models/paged.py `attention_into`), reading its q/k/v where the segment
 before it wrote them and writing its output into the static buffer the segment after it reads.
@@ -19,10 +19,10 @@ Per bucket: L + 1 graphs (L attention calls), sharing the engine's graph memory 
 positions as static inputs. A segment's q, k and v stay where it wrote them, in the graph pool: the
 attention call reads them through aliases that do not own that memory (`_alias`), so later captures
 may reuse it, which is safe because nothing runs between a segment's replay and its attention call
-(copying them into static buffers cost 2.3 ms per 2,048-token step of the 31B, export/results
-session 11). The attention output goes to a static o buffer sized for the bucket and shared by its
-layers. A step's inputs go through one pinned host buffer (two in turn, as the decode graphs' do,
-inductor.py) in two host-to-device copies.
+(copying them into static buffers would cost a device copy per layer per step;
+export/results/README.md has its cost for the 31B). The attention output goes to a static o buffer
+sized for the bucket and shared by its layers. A step's inputs go through one pinned host buffer
+(two in turn, as the decode graphs' do, inductor.py) in two host-to-device copies.
 The padded rows compute garbage that nothing reads: their attention output is whatever a previous
 step left in the o buffer (finite), and the logits are taken at the real rows only.
 """

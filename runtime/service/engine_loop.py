@@ -5,9 +5,12 @@ ask for, then a few real requests through the whole path) before it reports read
 whenever there is work. Between steps it reads the API process's commands off the pipe (without
 waiting while there is work); after each step it sends every choice's new tokens in one message. A
 step that raises fails the requests it held (the scheduler ends them with the error) and the loop
-goes on with the rest. The process ignores SIGINT and SIGTERM (a terminal or a service manager sends
-them to the whole group): the API process drains and stops it, and it exits on its own when that
-process goes away (the pipe's end of file).
+goes on with the rest, unless the engine raised `EngineDead` (engines/__init__.py: it can run no
+further step): then the loop ends, the process reports "fatal" and exits, and the API process fails
+every request in flight, turns /health and /ready to 503 and shuts the server down (client.py), so a
+liveness probe sees the death and the service is restarted. The process ignores SIGINT and SIGTERM
+(a terminal or a service manager sends them to the whole group): the API process drains and stops
+it, and it exits on its own when that process goes away (the pipe's end of file).
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import time
 import torch
 
 from ..admission import RequestTooLarge
+from ..engines import EngineDead
 from ..llm import LLM
 from ..sampling import SamplingParams, SamplingRows
 from .wire import Add, EngineSpec
@@ -29,10 +33,12 @@ log = logging.getLogger("g4rt.serve")
 
 def graph_bounds(llm: LLM) -> dict:
     """The largest decode batch, page-table widths and step token count this scheduler can produce
-    (the engine's warm-up captures every graph within them)."""
+    (the engine's warm-up captures every graph within them). A decode step's sliding table is at most
+    the sliding pages one request holds for a chunk of one token, the bound admission promises
+    (models/layout.py `sliding_pages_per_request`)."""
     sched = llm.scheduler
     geo, max_len = sched.geometry, sched.max_model_len
-    sliding = min(geo.pages_for("sliding", max_len), geo.pages_for("sliding", geo.layout.sliding.window - 1) + 1)
+    sliding = min(geo.pages_for("sliding", max_len), geo.sliding_pages_per_request(1))
     return {"max_seqs": sched.config.max_num_seqs, "max_sliding_pages": sliding,
             "max_full_pages": geo.pages_for("full", max_len), "max_tokens": sched.config.max_num_batched_tokens}
 
@@ -59,9 +65,8 @@ def warm_up(llm: LLM) -> float:
     prefill, mixed steps, decode), greedy and sampled. Their lengths cover sizes compilers commonly
     specialise on (1, a multiple of 16 and not, a full chunk). Returns the seconds it took.
 
-    On the H200 (runtime/results/README.md, the `g4rt serve` section) the first request after a warm-up
-    of only the batch together still took 2.3 s to its first token against <= 70 ms for the next nine;
-    with the single-sequence prefills it took 78.6 ms (the cause was not isolated)."""
+    Each prompt also runs alone: a warm-up of only the prompts together leaves the first single-request
+    prefill slow on CUDA (runtime/results/README.md, the `g4rt serve` section, has the times)."""
     t0 = time.perf_counter()
     if hasattr(llm.engine, "warmup"):
         llm.engine.warmup(**graph_bounds(llm))
@@ -191,6 +196,8 @@ class EngineLoop:
             t0 = time.perf_counter()
             try:
                 finished = self.llm.step()
+            except EngineDead:
+                raise  # engine_main reports it fatal: no later step could run
             except Exception:
                 log.exception("engine step failed; its requests end with an error, the service goes on")
                 finished = self._fail_running()

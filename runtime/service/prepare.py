@@ -76,7 +76,13 @@ def _tokenize(ctx: Context, texts: list[str], add_special_tokens: bool, param: s
     return tok.encode(texts, add_special_tokens)
 
 
-def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int) -> SamplingParams:
+def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int, param: str) -> SamplingParams:
+    """A choice's SamplingParams; `max_new` None: what is left of max_model_len after the prompt.
+    A prompt that leaves no room for one token is refused naming the prompt's field (`param`), not
+    max_tokens, which the client may not have sent."""
+    if prompt_len >= ctx.max_model_len:
+        raise APIError(400, f"{param} is {prompt_len} tokens, which leaves no room for output within "
+                            f"max_model_len {ctx.max_model_len} tokens", param, "context_length_exceeded")
     if max_new is None:
         max_new = ctx.max_model_len - prompt_len
     if prompt_len + max_new > ctx.max_model_len:
@@ -93,7 +99,8 @@ def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int) -> 
 
 
 def _spec(kind: str, req, prompts: list[list[int]], texts: list, max_new, ctx: Context, logprobs) -> Spec:
-    choices = [(p, _params(req, len(prompts[p]), max_new, ctx, j))
+    param = "messages" if kind == "chat" else "prompt"
+    choices = [(p, _params(req, len(prompts[p]), max_new, ctx, j, param))
                for p in range(len(prompts)) for j in range(req.n)]
     return Spec(kind, prompts, texts, choices, stream=req.stream, include_usage=req.include_usage, stops=req.stops,
                 include_stop=req.include_stop_str_in_output, logprobs=logprobs,

@@ -171,7 +171,8 @@ class ChatCompletionRequest(_Sampling):
     @classmethod
     def _no_tool_choice(cls, v):
         if v not in (None, "none", "auto"):
-            raise ValueError("tool_choice other than 'none' is not supported")
+            raise ValueError(f"tool_choice {v!r} is not supported: only 'none' and 'auto' (no tools are "
+                             f"accepted, so either means no tool call)")
         return v
 
     @field_validator("response_format")
