@@ -409,12 +409,13 @@ def query_block(rows: int, group: int) -> int:
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                      num_splits: int, fp32: bool, copies: bool, decode: bool) -> dict:
+                      num_splits: int, fp32: bool, copies: bool, decode: bool, arena_grid: tuple = ()) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
-    offline compile of the same kernel)."""
+    offline compile of the same kernel); `arena_grid`: the layer's K and V offsets and the frame stride, in
+    elements (`early_rows`; empty: an arena the engine allocates, PageGeometry's)."""
     group = num_q_heads // num_kv_heads
     gp = triton.next_power_of_2(group)
-    early = decode and early_rows(head_dim, 4 if fp32 else 2)
+    early = decode and early_rows(head_dim, 4 if fp32 else 2, *arena_grid)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=query_block(cfg["rows"], group),
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
@@ -422,12 +423,14 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
                 TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
 
 
-def early_rows(head_dim: int, elem_bytes: int) -> bool:
-    """Whether a decode may take the early tile (`EARLY`): a key's row of the arena is whole 128-byte cache lines
-    (every layer's offset and the frame are multiples of the head dim, layout.PageGeometry), so the early loads
-    never bring a line holding the query's own key into L1, where the reads after the wait would find its bytes
-    from before the write."""
-    return head_dim * elem_bytes % 128 == 0
+def early_rows(head_dim: int, elem_bytes: int, *arena_grid: int) -> bool:
+    """Whether a decode may take the early tile (`EARLY`): a key's row of the arena is whole 128-byte cache lines,
+    so the early loads never bring a line holding the query's own key into L1, where the reads after the wait would
+    find its bytes from before the write, and the L2 request for V (`cp.async.bulk.prefetch.L2`, which needs
+    16-byte aligned addresses) is on that grid too. That takes a row of head_dim elements and `arena_grid` (the
+    layer's K and V offsets and the frame stride, in elements) all multiples of 128 bytes: every arena
+    layout.PageGeometry lays out, not necessarily a hand-made one."""
+    return all(n * elem_bytes % 128 == 0 for n in (head_dim, *arena_grid))
 
 
 def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
@@ -539,7 +542,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
     consts = launch_constexprs(cfg, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=page_size,
                                num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None,
-                               decode=is_decode)
+                               decode=is_decode, arena_grid=(int(k_offset), int(v_offset), arena.stride(0)))
     m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, consts["BLOCK_Q"])
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,

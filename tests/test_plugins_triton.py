@@ -273,15 +273,17 @@ def test_the_write_attention_op_is_the_two_ops():
             torch.testing.assert_close(arena, want_arena, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("frame_pad", [5, 0])  # 0 with fp32: the early tile (rows on the line grid) runs too
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype,heads", [(torch.float32, "kv"), (torch.bfloat16, "k_eq_v"), (torch.bfloat16, "q")])
-def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads):
+def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads, frame_pad):
     """A decode's attention launch from a layer's packed projection (`norms`) gives the bits of the q/k/v norm
     kernel, kv_write_ and paged_attention: the output, and the arena where the layer owns a cache ("kv", "k_eq_v";
     "q": a KV-shared layer, which writes nothing). The own rows start as NaN; a -1 slot writes nothing."""
     from g4rt.plugins import triton_norm as tn
     hq, hkv, D = 4, 2, 32
-    batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31)
+    batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31,
+                     frame_pad=frame_pad)
     slots = batch.own_slots()
     slots[1] = -1
     g = torch.Generator().manual_seed(32)
@@ -452,6 +454,22 @@ def test_the_early_tile_only_where_a_key_row_is_whole_cache_lines():
                                     fp32=fp32, copies=False, decode=decode)["EARLY"]
     assert early(256) and early(512) and early(64) and early(32, fp32=True)
     assert not early(32) and not early(16, fp32=True) and not early(256, decode=False)
+    # an arena off the 128-byte grid (a hand-made one: the tests' fixtures pad the frame to an odd stride) never
+    assert ta.early_rows(256, 2, 8192, 12288, 16384) and not ta.early_rows(256, 2, 8192, 12288, 16389)
+    assert not ta.early_rows(256, 2, 8200, 12288, 16384) and not ta.early_rows(256, 2, 8192, 12290, 16384)
+
+
+@pytest.mark.parametrize("frame_pad, early", [(0, True), (5, False)])
+def test_an_arena_on_the_line_grid_decodes_through_the_early_tile(monkeypatch, frame_pad, early):
+    """The early tile runs (and matches the reference, poisoned arena) where the arena's offsets and frame stride are
+    whole 128-byte lines; a frame padded off that grid takes the plain loop (the GPU's bulk L2 request for V
+    would fault on such an address, and the L1 argument would not hold)."""
+    seen = []
+    real = ta.launch_constexprs
+    monkeypatch.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=frame_pad),
+          decode=True, num_splits=2)
+    assert [c["EARLY"] for c in seen] == [early]
 
 
 @pytest.mark.parametrize("name", ["arena", "page_table"])
