@@ -382,6 +382,17 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, d
     return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, MAX_DECODE_SPLITS))
 
 
+def step_splits(batch: int, page_table: torch.Tensor, page_size: int, window_left: int, num_kv_heads: int,
+                head_dim: int) -> int:
+    """decode_splits for a decode launch of `batch` sequences on `page_table` (paged_attention's count, and the
+    fused decode's rule in triton_kv_write.projected_attention_): the batch and the table's width by their graph
+    buckets, the keys bounded by the window."""
+    max_keys = pow2_bucket(page_table.shape[1]) * page_size
+    if window_left >= 0:
+        max_keys = min(max_keys, window_left + 1)
+    return decode_splits(pow2_bucket(batch), num_kv_heads, max_keys, head_dim, page_table.device)
+
+
 def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> bool:
     """Whether a launch on tiles `cfg` copies its interior key tiles by tensor-memory copies, from its shape
     alone: asked (`tma`), a prefill with the unmasked interior, no window (a window's first key need not start
@@ -412,10 +423,13 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
                       num_splits: int, fp32: bool, copies: bool, decode: bool, arena_grid: tuple = ()) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
     offline compile of the same kernel); `arena_grid`: the layer's K and V offsets and the frame stride, in
-    elements (`early_rows`; empty: an arena the engine allocates, PageGeometry's)."""
+    elements (`early_rows`; empty: an arena the engine allocates, PageGeometry's). The early tile is a decode's cut
+    over its keys (`num_splits` > 1): a few latency-bound programs a head, as at batch 1, where reading the first key
+    tile before the wait gained; with a program a (sequence, KV head) at serving batches it made the 31B's step
+    slower (export/results/README.md, "The 31B on `next/all-norm`")."""
     group = num_q_heads // num_kv_heads
     gp = triton.next_power_of_2(group)
-    early = decode and early_rows(head_dim, 4 if fp32 else 2, *arena_grid)
+    early = decode and num_splits > 1 and early_rows(head_dim, 4 if fp32 else 2, *arena_grid)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=query_block(cfg["rows"], group),
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
@@ -510,10 +524,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         raise ValueError("norms: only a decode launch norms and ropes its q itself; run the q/k/v norm kernel "
                          "first for a prefill or mixed step")
     if is_decode and num_splits is None:
-        max_keys = pow2_bucket(page_table.shape[1]) * page_size
-        if window_left >= 0:
-            max_keys = min(max_keys, window_left + 1)
-        num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, D, q.device)
+        num_splits = step_splits(B, page_table, page_size, window_left, HKV, D)
     num_splits = num_splits or 1
     # per SM, from the batch's graph bucket (as decode_splits): an eager step and its padded replay pick one tile
     per_sm = pow2_bucket(B) * HKV / sm_count(q.device) if is_decode else 0.0

@@ -6,8 +6,8 @@ page (README layout), so every access is a straight vector copy. Slot -1 writes 
 does it, so there is no host-side filtering and no sync. `kv_write_attention_` is a cache-owning layer's write
 and attention: a decode step's in the attention launch alone (triton_attention's WRITE), any other's in two.
 `projected_attention_` is a layer's q/k/v norms and RoPE, its write and its attention from its packed projection:
-a decode step's in the attention launch alone (WRITE and NORM), any other's as the q/k/v norm kernel and then the
-two; registered here as the op `g4rt::projected_attention_` (Triton only: models/paged.py calls it with the Triton
+a decode step cut over its keys in the attention launch alone (WRITE and NORM), any other as the q/k/v norm kernel
+and then the one or two; registered here as the op `g4rt::projected_attention_` (Triton only: models/paged.py calls it with the Triton
 kernels, and norms by the model's reference blocks otherwise).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .launch import await_inputs, pdl_launch
-from .triton_attention import Norms, paged_attention
+from .triton_attention import Norms, paged_attention, step_splits
 from .triton_norm import q_norm_rope, qkv_norm_rope
 
 
@@ -79,10 +79,15 @@ def projected_attention_(arena: torch.Tensor, y: torch.Tensor, q_weight: torch.T
                          first_page: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
                          window_left: int, scale: float) -> torch.Tensor:
     """A layer's attention from its packed q/k/v projection y (triton_norm.qkv_norm_rope's input; q alone where
-    k_weight is None, a KV-shared layer, which writes nothing): a decode step in one launch, any other as the q/k/v
-    norm kernel and then kv_write_attention_ (paged_attention on a KV-shared layer)."""
+    k_weight is None, a KV-shared layer, which writes nothing): a decode cut over its keys (`step_splits` > 1: a few
+    latency-bound programs a head, as at batch 1) in one launch, any other step as the q/k/v norm kernel and then
+    kv_write_attention_ (paged_attention on a KV-shared layer). On the H200 the one launch took the E2B's batch-1 step
+    from 2.18 to 2.00 ms with the early key tile; at the 31B's serving batches, a program a (sequence, KV head), its
+    norm held q's rows through the key loop and the step lost 3.5 % (export/results/README.md, "The 31B on
+    `next/all-norm`")."""
     rest = (cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads, window_left, scale)
-    if y.shape[0] == kv_lens.shape[0]:
+    B = kv_lens.shape[0]
+    if y.shape[0] == B and step_splits(B, page_table, page_size, window_left, num_kv_heads, cos.shape[-1]) > 1:
         norms = Norms(q_weight, k_weight, eps, cos.contiguous(), sin.contiguous(), num_q_heads, k_eq_v)
         return paged_attention(y, arena, *rest, write=None if k_weight is None else (None, None, slots), norms=norms)
     if k_weight is None:

@@ -319,27 +319,35 @@ def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, he
         ta.paged_attention(y, *args[1:], norms=norms, write=(None, None, slots) if kw is None else None)
 
 
-def test_the_projected_attention_op_is_the_norms_then_the_write_attention():
-    """`g4rt::projected_attention_` on a decode (one launch) and on a mixed step (the norm kernel, kv_write_,
-    paged_attention): the arena and output of the three kernels."""
+@pytest.mark.parametrize("D, kv_lens, q_lens, fused", [(256, [70, 100], [1, 1], True), (16, [33, 70], [1, 1], False),
+                                                     (16, [33, 5, 70], [1, 5, 2], False)])
+def test_the_projected_attention_op_is_the_norms_then_the_write_attention(monkeypatch, D, kv_lens, q_lens, fused):
+    """`g4rt::projected_attention_`: the arena and output of the three kernels (the norm kernel, kv_write_,
+    paged_attention), in one launch for a decode cut over its keys (head dim 256, 128 keys a table: two runs), as
+    the norm kernel and the writing attention launch for a decode of one run a head, and as the three for a mixed
+    step."""
     from g4rt.plugins import triton_norm as tn
-    for q_lens, kv_lens in (([1, 1], [33, 70]), ([1, 5, 2], [33, 5, 70])):
-        batch = batch_of(q_lens, kv_lens, 4, 2, 16, 16, wl=window_left(20), resident=True, seed=37)
-        T = sum(q_lens)
-        g = torch.Generator().manual_seed(38)
-        y, qw, kw = torch.randn(T, 8 * 16, generator=g), torch.randn(16, generator=g), torch.randn(16, generator=g)
-        cos, sin = torch.randn(T, 16, generator=g), torch.randn(T, 16, generator=g)
-        slots = torch.full((T,), -1, dtype=torch.int32)
-        slots[batch.cu_q[1:].long() - 1] = batch.own_slots()
-        offs = (batch.k_offset, batch.v_offset, batch.page_size)
-        q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, 4, 2, False)
-        want_arena = batch.arena.clone()
-        tkv.kv_write_(want_arena, k, v, slots, *offs)
-        want = ta.paged_attention(q, want_arena, *batch.args()[2:])
-        arena = batch.arena.clone()
-        got = torch.ops.g4rt.projected_attention_(arena, y, qw, kw, 1e-6, cos, sin, 4, False, slots,
-                                                  *batch.args()[2:6], *offs, 2, batch.window_left, batch.scale)
-        assert torch.equal(got, want) and torch.equal(arena, want_arena)
+    batch = batch_of(q_lens, kv_lens, 4, 2, D, 16, wl=window_left(200), resident=True, seed=37)
+    assert (ta.step_splits(len(kv_lens), batch.page_table, 16, batch.window_left, 2, D) > 1) == fused
+    T = sum(q_lens)
+    g = torch.Generator().manual_seed(38)
+    y, qw, kw = torch.randn(T, 8 * D, generator=g), torch.randn(D, generator=g), torch.randn(D, generator=g)
+    cos, sin = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    slots = torch.full((T,), -1, dtype=torch.int32)
+    slots[batch.cu_q[1:].long() - 1] = batch.own_slots()
+    offs = (batch.k_offset, batch.v_offset, batch.page_size)
+    q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, 4, 2, False)
+    want_arena = batch.arena.clone()
+    tkv.kv_write_(want_arena, k, v, slots, *offs)
+    want = ta.paged_attention(q, want_arena, *batch.args()[2:])
+    launches = []
+    real = tkv.paged_attention
+    monkeypatch.setattr(tkv, "paged_attention", lambda *a, **kw: launches.append(kw.get("norms")) or real(*a, **kw))
+    arena = batch.arena.clone()
+    got = torch.ops.g4rt.projected_attention_(arena, y, qw, kw, 1e-6, cos, sin, 4, False, slots,
+                                              *batch.args()[2:6], *offs, 2, batch.window_left, batch.scale)
+    assert torch.equal(got, want) and torch.equal(arena, want_arena)
+    assert [n is not None for n in launches] == [fused]
 
 
 def test_ops_with_triton_kernels(monkeypatch):
