@@ -66,10 +66,12 @@ def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(n
     kernels and packed q/k/v (as on CUDA): every layer's attention launch takes its projection (its q norms and RoPE,
     and on cache-owning layers the KV write, inside it), and the step computes the bits of the same step whose layers
     run the q/k/v norm kernel first, in the eager and the compiled engine (its layers' pieces, or the whole step
-    traced through the fused op): logits and arena."""
+    traced through the fused op): logits and arena. The fused launch is a decode cut over its keys; the tiny model's
+    few keys are cut in two here (a run may be one key, two runs at most)."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.models import paged
     from g4rt.plugins import launch
+    from g4rt.plugins import triton_attention as ta
     from g4rt.plugins import triton_kv_write as tkv
     if not launch.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
@@ -83,6 +85,8 @@ def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(n
     sched.commit(prefill, [7, 9])
     decode = sched.schedule().batch
     assert decode.num_tokens == 2 == decode.kv_lens.shape[0]
+    monkeypatch.setattr(ta, "SPLIT_MIN_ELEMS", 1)
+    monkeypatch.setattr(ta, "MAX_DECODE_SPLITS", 2)
     launches = []
     real = tkv.paged_attention  # the attention launches of kv_write_attention_ and projected_attention_
     monkeypatch.setattr(tkv, "paged_attention", lambda *a, **kw: launches.append(kw.get("norms")) or real(*a, **kw))
