@@ -125,8 +125,8 @@ class StepAttention:
 
 class ProjectedAttention(StepAttention):
     """StepAttention with the Triton kernels, in place: a packed layer hands it its projection before the norms and
-    RoPE (models.model.attend), and `g4rt::projected_attention_` norms, ropes, writes and attends a decode step in
-    one launch (the q/k/v norm kernel and kv_write_attention_ otherwise)."""
+    RoPE (models.model.attend), and `g4rt::projected_attention_` norms, ropes, writes and attends a decode cut over
+    its keys in one launch (the q/k/v norm kernel and kv_write_attention_ otherwise)."""
 
     def from_projection(self, attn, y, cos, sin):
         layer = attn.kv
