@@ -83,13 +83,15 @@ def projected_attention_(arena: torch.Tensor, y: torch.Tensor, q_weight: torch.T
     latency-bound programs a head, as at batch 1) in one launch, any other step as the q/k/v norm kernel and then
     kv_write_attention_ (paged_attention on a KV-shared layer). On the H200 the one launch took the E2B's batch-1 step
     from 2.18 to 2.00 ms with the early key tile; at the 31B's serving batches, a program a (sequence, KV head), its
-    norm held q's rows through the key loop and the step lost 3.5 % (export/results/README.md, "The 31B on
+    norm held q's rows through the key loop and the step lost 2.4-3.7 % (export/results/README.md, "The 31B on
     `next/all-norm`")."""
     rest = (cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads, window_left, scale)
     B = kv_lens.shape[0]
-    if y.shape[0] == B and step_splits(B, page_table, page_size, window_left, num_kv_heads, cos.shape[-1]) > 1:
+    if y.shape[0] == B and (splits := step_splits(B, page_table, page_size, window_left, num_kv_heads,
+                                                  cos.shape[-1])) > 1:
         norms = Norms(q_weight, k_weight, eps, cos.contiguous(), sin.contiguous(), num_q_heads, k_eq_v)
-        return paged_attention(y, arena, *rest, write=None if k_weight is None else (None, None, slots), norms=norms)
+        return paged_attention(y, arena, *rest, num_splits=splits, norms=norms,
+                               write=None if k_weight is None else (None, None, slots))
     if k_weight is None:
         return paged_attention(q_norm_rope(y, q_weight, eps, cos, sin), arena, *rest)
     q, k, v = qkv_norm_rope(y, q_weight, k_weight, eps, cos, sin, num_q_heads, num_kv_heads, k_eq_v)
