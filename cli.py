@@ -579,12 +579,14 @@ def _limits_args(p) -> None:
     """The scheduler limits a compiled engine is built for (its TensorRT optimization profile)."""
     from g4rt.runtime.scheduler import SchedulerConfig
     d = SchedulerConfig()
-    p.add_argument("--max-batched-tokens", type=_positive("--max-batched-tokens"), default=d.max_num_batched_tokens,
+    p.add_argument("--max-batched-tokens", "--max-num-batched-tokens", type=_positive("--max-batched-tokens"),
+                   default=d.max_num_batched_tokens,
                    help="tokens of one step at most (the scheduler's max_num_batched_tokens)")
     p.add_argument("--chunk", type=_positive("--chunk"), default=d.chunk,
                    help="prefill chunk of one request at most (bounds the sliding page table)")
-    p.add_argument("--max-seqs", type=_positive("--max-seqs"), default=d.max_num_seqs,
-                   help="sequences of one step at most")
+    p.add_argument("--max-seqs", "--max-num-seqs", type=_positive("--max-seqs"), default=d.max_num_seqs,
+                   help="sequences of one step at most (the scheduler's max_num_seqs; generate and serve take the "
+                        "same flag)")
     p.add_argument("--max-frames", type=_positive("--max-frames"), default=None,
                    help=f"KV arena frames at most (default: what {TRT_ARENA_GIB:g} GiB holds)")
     p.add_argument("--max-model-len", type=_positive("--max-model-len"), default=None,

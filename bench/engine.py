@@ -329,7 +329,7 @@ def _graph_ms(fn, reps: int) -> float:
     return statistics.median(replay_times(graph, reps))
 
 
-GEMV_SPLITS = (2, 4, 8)  # runs over K gemv_record also tries MODEL_CONFIG and NARROW_CONFIGS[0] at
+GEMV_SPLITS = (2, 4, 8)  # the runs over K at which gemv_record also tries MODEL_CONFIG and NARROW_CONFIGS[0]
 # The tiles gemv_record sweeps for a serving batch (more than MIN_ROW_TILE rows: a row tile of 32-128 on the
 # tensor cores' warp-group MMA), each unsplit and at SERVING_SPLITS runs over K.
 SERVING_CONFIGS = [(64, 64, 4, 4), (64, 128, 4, 3), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
@@ -778,14 +778,17 @@ def main(argv=None) -> int:
                     help="every Triton/Gluon kernel prefers this share of L1/shared memory as shared memory "
                          "(common.prefer_shared_carveout); default leaves the driver's choice")
     a = ap.parse_args(argv)
+    unknown = set(a.engines.split(",")) - {"eager", "inductor"}
+    if unknown:
+        ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: it times the engines on random weights at a model's real size (on a CPU, "
+                 "`g4rt run` runs the tiny model and `make test` the engines' checks)")
     if a.shared_carveout is not None:
         prefer_shared_carveout(a.shared_carveout)
     if a.blas != "default":
         torch.backends.cuda.preferred_blas_library(a.blas)
     torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = a.bf16_reduction
-    unknown = set(a.engines.split(",")) - {"eager", "inductor"}
-    if unknown:
-        ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
     a.out.mkdir(parents=True, exist_ok=True)
     log = functools.partial(log_json, a.out, name="export_bench.jsonl")
     t_start = time.perf_counter()

@@ -523,6 +523,8 @@ def main(argv=None):
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
     args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: it times the compiled kernels (on a CPU the interpreter checks them: `make test`)")
     os.makedirs(args.out, exist_ok=True)
     if args.sampler:
         t_start = time.time()

@@ -193,7 +193,7 @@ def moe(x, idx, w, gate_up, down, kernels: str | None = None) -> torch.Tensor:
     return torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels or default_kernels(x.device))
 
 
-def sample(logits, rows, kernels: str | None = None, nucleus: bool = True) -> torch.Tensor:
+def sample(logits, rows, *, nucleus: bool = True, kernels: str | None = None) -> torch.Tensor:
     """One token id per logits row, int64 [R] on the logits' device (plugins/README.md `sample`); `rows`
     int64 [5, R] holds each row's temperature, top_p (float64 bits), top_k, seed and draw counter;
     `nucleus` False says no row has top_p < 1 (a speed hint: the ids are the same either way)."""

@@ -108,4 +108,4 @@ class BatchSampler:
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [rows, vocab] with {len(rows)} rows, got {tuple(logits.shape)}")
-        return sample(logits, to_device(rows.pack, logits.device), self.kernels, rows.nucleus)
+        return sample(logits, to_device(rows.pack, logits.device), nucleus=rows.nucleus, kernels=self.kernels)

@@ -2,6 +2,8 @@
 step really reads, and the bounds built from them and from its FLOPs."""
 from __future__ import annotations
 
+import importlib
+
 import pytest
 import torch
 from conftest import tiny_config
@@ -119,3 +121,16 @@ def test_a_kernel_is_charged_only_what_it_adds_past_the_kernels_before_it():
                                 ["gemv", [80, 1, 1], 1, 0.004, 0.006]]
     assert sum(g[3] for g in got["by_launch"]) + got["idle_ms"] == pytest.approx(got["span_ms"])
     assert exposure([])["by_launch"] == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA GPU")
+@pytest.mark.parametrize("module, args", [("engine", []), ("engine", ["--shared-carveout", "100"]),
+                                          ("kernels", [])])
+def test_the_gpu_benches_refuse_a_machine_without_cuda_by_saying_so(module, args, tmp_path, capsys):
+    """bench.engine and bench.kernels time GPU work: without CUDA they stop at the argument check with that reason
+    (exit 2), before building a model, touching the driver (`--shared-carveout`) or writing into --out."""
+    main = importlib.import_module(f"g4rt.bench.{module}").main
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", str(tmp_path / "out"), *args])
+    assert stop.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -97,8 +97,8 @@ def test_op_dispatch():
     """`g4rt::sample` runs either implementation by its `kernels` argument, with a fake for tracing."""
     x = logits_for(len(PARAMS), 200, 5)
     rows = pack(PARAMS)
-    assert torch.equal(ops.sample(x, rows, "triton"), ops.sample(x, rows, "reference"))
+    assert torch.equal(ops.sample(x, rows, kernels="triton"), ops.sample(x, rows, kernels="reference"))
     torch.library.opcheck(torch.ops.g4rt.sample.default, (x, rows, True, "reference"),
                           test_utils=("test_schema", "test_faketensor"))
     with pytest.raises(ValueError, match="kernels"):
-        ops.sample(x, rows, "cuda")
+        ops.sample(x, rows, kernels="cuda")

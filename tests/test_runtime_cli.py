@@ -295,3 +295,15 @@ def test_tensor_parallel_ranks_of_an_engine_dir_compile_into_its_cache(monkeypat
     (spec, env), = seen
     assert env == {"TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"), "TRITON_CACHE_DIR": str(cache / "triton")}
     assert spec.device == "cuda" and spec.backend == "inductor"
+
+
+def test_build_takes_the_limit_flags_generate_and_serve_spell():
+    """`g4rt build` names its limits as the scheduler does (--max-seqs, --max-batched-tokens) and takes the
+    spellings generate and serve use for the same settings (--max-num-seqs, --max-num-batched-tokens)."""
+    from g4rt.cli import build_parser
+
+    base = ["build", "--model", "tiny", "--backend", "onnxruntime", "--out", "x"]
+    args = build_parser().parse_args(base + ["--max-num-seqs", "3", "--max-num-batched-tokens", "16"])
+    assert (args.max_seqs, args.max_batched_tokens) == (3, 16)
+    args = build_parser().parse_args(base + ["--max-seqs", "5", "--max-batched-tokens", "32"])
+    assert (args.max_seqs, args.max_batched_tokens) == (5, 32)

@@ -44,6 +44,17 @@ each_arm() {
     arm "$a" "$n" "$@"
   done
 }
+# gpu_tests "TREE:TESTFILE[,TESTFILE] ...": each TREE's test files (TREE `new` = this checkout, else ab/TREE/g4rt), a
+# part each of at most 200 s, stopping at a tree's first failure; the last lines of each log printed.
+gpu_tests() {
+  local t d p f
+  for t in $1; do
+    d=$PWD p=/tmp/pkg; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt p=$PWD/ab/${t%%:*}
+    f=${t#*:}
+    (cd "$d" && PYTHONPATH=$p run_part "gpu_tests_${t%%:*}" 200 python3 -m pytest -q -x -p no:cacheprovider ${f//,/ })
+    tail -3 "$OUT/gpu_tests_${t%%:*}.log"
+  done
+}
 # batch1 CAP DEFAULT_MODELS DEFAULT_ARMS: batch-1 decode of each of $MODELS, arms $ARMS alternated (a process each,
 # CAP seconds at most), records in $OUT/b1_MODEL.jsonl
 batch1() {

@@ -32,6 +32,13 @@
 #     ARMS="new allnorm norm new allnorm norm new allnorm norm" bash export/results/s28_h200.sh b1 585
 # then the E4B the same way, and the 31B (its serving batches with `bench.engine --decode-steps`, where the fused
 # launch's one-warp tile spills 232 bytes against 180) before any of these is merged.
+# Session 30 ran that call and the E4B's (export/results/README.md, session 30: allnorm -8.2 % / -1.5 % a replay,
+# norm slower); the GPU tests faulted on the fixture's unaligned arena, fixed on next/all-norm (d3aa09b). Next:
+#   GPU_TESTS="allnorm:tests/test_plugins_decode_gpu.py,tests/test_plugins_gluon_gemv.py,tests/test_plugins_gluon.py" \
+#     MODELS=31b B1_CAP=200 ARMS="new allnorm new allnorm new allnorm" bash export/results/s28_h200.sh b1 585
+# then the 31B's serving batches per arm: bench.engine --config 31b --skip-hf --batches "" --engines inductor
+#   --decode-steps 64,128,256 --reps 3 (the one-warp tile spills 384 bytes on allnorm against 180).
+# Session 31 ran those (and more) with s31_h200.sh, whose header names the calls after them.
 #
 #     for a in all:next/all both:next/wide-split2 early:next/early-kv early2:next/early2 write:next/decode-write \
 #              norm:next/decode-norm allnorm:next/all-norm; do
@@ -43,13 +50,7 @@ TAG=s28-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
-  b1) for t in ${GPU_TESTS:-}; do  # TREE:TESTFILE[,TESTFILE...], TREE `new` (this checkout) or an ab/ tree
-        d=$PWD p=/tmp/pkg; [ "${t%%:*}" != new ] && d=$PWD/ab/${t%%:*}/g4rt p=$PWD/ab/${t%%:*}
-        f=${t#*:}
-        (cd "$d" && PYTHONPATH=$p run_part "gpu_tests_${t%%:*}" 200 python3 -m pytest -q -x \
-          -p no:cacheprovider ${f//,/ })
-        tail -3 "$OUT/gpu_tests_${t%%:*}.log"
-      done
+  b1) gpu_tests "${GPU_TESTS:-}"
       batch1 "${B1_CAP:-100}" "e2b e4b" "new all new all new all" ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
