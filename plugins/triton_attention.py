@@ -43,7 +43,7 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import gluon_attention
 from .buckets import pow2_bucket
-from .launch import await_inputs, hopper, interpreting, pdl_launch, sm90, sm_count
+from .launch import await_inputs, hopper, interpreting, launch_next, pdl_launch, sm90, sm_count
 from .triton_norm import joined, norm_rope, v_norm
 
 
@@ -295,8 +295,14 @@ def _paged_attn_kernel(
 @triton.jit
 def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr,
                     PDL: tl.constexpr = False):
-    """Merge the num_splits partial softmaxes of one (token, query head) row into the output."""
-    await_inputs(PDL)
+    """Merge the num_splits partial softmaxes of one (token, query head) row into the output.
+
+    With PDL it lets the next kernel launch before its own wait, which lasts the whole split attention before it:
+    the kernel after it (a layer's o_proj, copied launches whose weight slices are copied before their wait) then
+    reads its weights while the attention runs, where a trigger after the wait started those reads only once the
+    attention had ended. Safe as any trigger: that kernel waits for this one, which ends after the attention."""
+    launch_next(PDL)
+    await_inputs(PDL, LAUNCH_NEXT=False)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_S)
     s_ok = sp < num_splits

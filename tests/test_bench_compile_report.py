@@ -125,3 +125,29 @@ def test_a_decode_attention_waits_before_it_lets_the_next_launch_in(tmp_path):
         report(tmp_path, *e2b, *extra)
         ptx = (tmp_path / "attention.ptx").read_text()
         assert 0 <= ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents"), extra
+
+
+COMBINE = """
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from g4rt.plugins.triton_attention import _combine_kernel as fn
+sig = {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32", "D": "constexpr",
+       "BLOCK_S": "constexpr", "PDL": "constexpr"}
+c = triton.compile(ASTSource(fn, sig, constexprs={"D": 256, "BLOCK_S": 8, "PDL": True}),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+ptx = c.asm["ptx"]
+print(json.dumps({"trigger": ptx.find("griddepcontrol.launch_dependents"), "wait": ptx.find("griddepcontrol.wait"),
+                  "first_load": min(m.start() for m in re.finditer(r"ld\\.global", ptx))}))
+"""
+
+
+def test_the_combine_launch_lets_the_next_in_before_it_waits_and_reads_after():
+    """The merge of a split decode (the E2B's sliding layer: 8 splits at head dim 256) compiled for sm_90: the
+    trigger comes before the wait, so the o_proj after it copies its weights while the attention runs, and every
+    read of the partials after the wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", COMBINE], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0 <= got["trigger"] < got["wait"] < got["first_load"], got
