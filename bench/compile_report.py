@@ -4,7 +4,8 @@ registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DI
 the loop's copies and matmuls sit, their layouts) and PTX.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
-        [--decode [--splits 1] [--programs-per-sm 0]] [--window] [--dtype bfloat16] [--config '{"num_stages": 3}']
+        [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
+        [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
 
 The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
@@ -30,6 +31,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from g4rt.plugins import gluon_attention as ga
+from g4rt.plugins import launch
 from g4rt.plugins import triton_attention as ta
 from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
@@ -38,10 +40,14 @@ ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in ev
 
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
                      splits: int = 1, programs_per_sm: float = 0.0, window: bool = False, dtype: str = "bfloat16",
-                     config: dict | None = None, arch: int = 90) -> dict:
+                     config: dict | None = None, arch: int = 90, write: bool = False, norm: bool = False) -> dict:
     """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
     where `takes_wgmma` holds (compute capability 9.x), else `_paged_attn_kernel`; returns which, the tiles, whether
-    the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
+    the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX.
+    `write`: a decode launch that writes the step's K/V rows itself (`paged_attention(write=...)`); `norm`: one
+    that norms and ropes its q, and with `write` those rows, from the layer's packed projection (`norms=`)."""
+    if (write or norm) and not decode:
+        raise ValueError("write, norm: only a decode launch writes the step's K/V rows or norms its q itself")
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
@@ -60,8 +66,15 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         fn = ta._paged_attn_kernel
         sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma)
-        const["PDL"] = arch >= 90
+                                     page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma,
+                                     decode=decode)
+        const.update(PDL=arch >= 90, WRITE=write, NORM=norm)
+        rows = {"k_new_ptr": f"*{t}" if write and not norm else None, "v_new_ptr": f"*{t}" if write and not norm
+                else None, "slots_ptr": "*i32" if write else None, "qw_ptr": f"*{t}" if norm else None,
+                "kw_ptr": f"*{t}" if norm and write else None, "cos_ptr": f"*{t}" if norm else None,
+                "sin_ptr": f"*{t}" if norm else None, "eps": "fp32" if norm else None}
+        sig.update({name: kind for name, kind in rows.items() if kind})
+        const.update({name: None for name, kind in rows.items() if not kind})
         if tma:
             sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
             sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
@@ -102,6 +115,10 @@ def main(argv=None):
     ap.add_argument("--programs-per-sm", type=float, default=0.0,
                     help="an unsplit decode's programs an SM (sequences x KV heads / SMs): from WIDE_DECODE its "
                          "head-dim-256 tile is the one-warp one (the 31B's sliding layers from batch 64: 7.8)")
+    ap.add_argument("--write", action="store_true",
+                    help="a decode that writes the step's K/V rows itself (a cache-owning layer's decode launch)")
+    ap.add_argument("--norm", action="store_true",
+                    help="a decode that norms and ropes its q (with --write, its K/V rows too) from the projection")
     ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TRITON_DTYPES))
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
@@ -109,8 +126,10 @@ def main(argv=None):
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
     ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx")
     args = ap.parse_args(argv)
-    if ta.interpreting():
+    if launch.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
+    if (args.write or args.norm) and not args.decode:
+        ap.error("--write, --norm: only a decode launch writes the step's K/V rows or norms its q (add --decode)")
     try:
         config = json.loads(args.config)
     except json.JSONDecodeError as e:
@@ -118,7 +137,7 @@ def main(argv=None):
     report = attention_report(head_dim=args.head_dim, page=args.page, q_heads=args.q_heads,
                               kv_heads=args.kv_heads, decode=args.decode, splits=args.splits,
                               programs_per_sm=args.programs_per_sm, window=args.window,
-                              dtype=args.dtype, config=config, arch=args.arch)
+                              dtype=args.dtype, config=config, arch=args.arch, write=args.write, norm=args.norm)
     if args.ir:
         os.makedirs(args.ir, exist_ok=True)
         for ext in ("ttgir", "ptx"):

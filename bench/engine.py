@@ -346,11 +346,12 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
     time as `best_config` and `ms` (None if none ran), every one's beside it, and the plan
     `g4rt::skinny_linear` takes for the shape with its time (`op_config`, `op_ms`; None where the op runs a
     BLAS library for these rows)."""
+    from g4rt.plugins import launch
     from g4rt.plugins import triton_gemv as tg
     want = torch.nn.functional.linear(x, mats[0]).float()
     op = tg.gemv_plan(*mats[0].shape, x.device) if tg.takes_gemv(x.shape[0], mats[0]) else None
     if plans is None and x.shape[0] > tg.MIN_ROW_TILE:
-        n, sms = mats[0].shape[0], tg.sm_count(x.device)
+        n, sms = mats[0].shape[0], launch.sm_count(x.device)
         plans = [(c, s) for c in SERVING_CONFIGS
                  for s in (1, *(SERVING_SPLITS if -(-n // c[0]) < sms else ()))]
     elif plans is None:

@@ -39,8 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from g4rt.plugins.gluon_attention import _sync, _tma_load
-from g4rt.plugins.gluon_gemv import BLOCK_N as COPIES_BLOCK_N, copied_linear, kernel_fits, slice_dot, x_tile
-from g4rt.plugins.triton_attention import await_inputs, hopper, interpreting, pdl_launch
+from g4rt.plugins.gluon_gemv import copied_linear, kernel_fits, slice_dot, slice_rows, x_tile
+from g4rt.plugins.launch import await_inputs, hopper, interpreting, pdl_launch
 from g4rt.plugins.triton_gemv import MIN_ROW_TILE, NARROW_CONFIGS, _gemv_tile, _weight_tile
 
 from .common import ceilings, log_json, time_ms
@@ -253,7 +253,7 @@ def main(argv=None) -> int:
             outs[arm] = y.clone()
             err = ((y[-1].float() - ref).abs().max() / ref.abs().max()).item()
             us = time_ms(run) * 1e3 / a.stages
-            block_n = {"prefetch": a.prefetch_block_n, "copies": COPIES_BLOCK_N}.get(arm, BLOCK_N)
+            block_n = {"prefetch": a.prefetch_block_n, "copies": slice_rows(n)}.get(arm, BLOCK_N)
             extra = {"block_n": block_n, **({"slots": a.prefetch_slots} if arm == "prefetch" else {})}
             log_json(a.out, {"stage": "handoff", "n": n, "stages": a.stages, "programs": -(-n // block_n), **extra,
                              "arm": arm, "us_a_stage": round(us, 3),

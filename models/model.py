@@ -11,7 +11,10 @@ Differences in *shape* from HF, on purpose:
   caches and masks live outside the model, in the `attention` callable.
 * Attention is pluggable. Each layer computes q (normed, roped) and, when it owns a cache, k
   (normed, roped) and v (v_norm'ed), then calls `attention(layer: LayerKV, q, k, v) -> o`. KV-shared
-  layers pass `k = v = None`; the callable reads the cache of `layer.source`.
+  layers pass `k = v = None`; the callable reads the cache of `layer.source`. A layer whose q/k/v come from
+  one packed weight (`Attention.input_weight`) hands a callable with a `from_projection(attn, y, cos, sin) -> o`
+  method the projection y before its norms and RoPE instead (`attend`): the paged step's Triton kernels norm,
+  rope, write and attend a decode step in one launch.
 
 Parameter names equal HF's checkpoint names with the `model.` prefix removed (`embed_tokens.weight`,
 `layers.3.self_attn.q_proj.weight`, `layers.3.experts.gate_up_proj`, `layers.3.layer_scalar`, ...), so
@@ -37,8 +40,20 @@ from .blocks import apply_rope, block
 from .config import Gemma4Config
 from .layout import KVLayout, LayerKV
 
-# attention(layer, q [T,Hq,D], k [T,Hkv,D] | None, v [T,Hkv,D] | None) -> o [T,Hq,D]
+# attention(layer, q [T,Hq,D], k [T,Hkv,D] | None, v [T,Hkv,D] | None) -> o [T,Hq,D]; optionally with
+# attention.from_projection(attn: Attention, y [T, packed q/k/v], cos, sin) -> o (see `attend`)
 AttentionFn = Callable[[LayerKV, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]], torch.Tensor]
+
+
+def attend(attention: AttentionFn, attn: "Attention", qkv, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """o of `attention` for a layer's q/k/v as `Attention.project` gives them: (q, k, v), or the packed projection
+    y, which a callable with `from_projection` takes as it is, and any other after the layer's norms and RoPE."""
+    if isinstance(qkv, tuple):
+        return attention(attn.kv, *qkv)
+    take = getattr(attention, "from_projection", None)
+    if take is not None:
+        return take(attn, qkv, cos, sin)
+    return attention(attn.kv, *attn.from_projection(qkv, cos, sin))
 
 
 class RMSNorm(nn.Module):
@@ -147,7 +162,7 @@ class Attention(nn.Module):
         return self.q_proj.weight if self.k_proj is None else None
 
     def from_projection(self, y: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """`project`'s result from the input's projection y by `input_weight()`."""
+        """(q, k, v) of the input's projection y by `input_weight()`: the norms and RoPE."""
         if self.qkv_weight is not None:  # norms and RoPE of all three in one block
             return block("qkv_norm_rope", self.kernels, y, self.q_norm.weight,
                          self.k_norm.weight, self.q_norm.eps, cos, sin, self.kv.num_q_heads, self.kv.num_kv_heads,
@@ -156,11 +171,13 @@ class Attention(nn.Module):
         return block("q_norm_rope", self.kernels, y, self.q_norm.weight, self.q_norm.eps, cos, sin), None, None
 
     def project(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """Normed, roped q; and k (normed, roped) and v (v_norm'ed) where the layer owns a cache, else None."""
+        """The projection y of x by `input_weight()` where the layer has one (its norms and RoPE are
+        `from_projection`'s, or the attention callable's: `attend`); else the tuple of normed, roped q, and k (normed,
+        roped) and v (v_norm'ed) where the layer owns a cache, else None."""
         T, D = x.shape[0], self.head_dim
         w = self.input_weight()
         if w is not None:  # one matmul
-            return self.from_projection(block("skinny_linear", self.kernels, x, w), cos, sin)
+            return block("skinny_linear", self.kernels, x, w)
         q = apply_rope(self.q_norm(self.q_proj(x).view(T, -1, D)), cos, sin)
         k_raw = self.k_proj(x).view(T, -1, D)
         # k_eq_v: V is v_norm of the raw k_proj output.
@@ -286,8 +303,8 @@ class DecoderLayer(nn.Module):
         and h is the stream. Returns the stream leaving the layer in that form, (h, m): the pending step, this
         layer's input norm and its first projection are one block (`attention_inputs`), and after the last layer
         the model forms the step with the final norm."""
-        h, q, k, v = self.attention_inputs(h, m, tail, cos, sin)
-        return self.after_attention(h, attention(self.self_attn.kv, q, k, v), ple)
+        h, qkv = self.attention_inputs(h, m, tail, cos, sin)
+        return self.after_attention(h, attend(attention, self.self_attn, qkv, cos, sin), ple)
 
     def tail(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(norm weight, layer scalar) of the residual step that ends this layer, formed by the next one."""
@@ -298,16 +315,16 @@ class DecoderLayer(nn.Module):
     # all layers of a kind: neither reads the layer's index (the attention call does, for its cache
     # offsets), and the layer before's tail weights are arguments, so layers of one shape share one compiled graph.
     def attention_inputs(self, h, m, tail, cos, sin):
-        """The stream h (the pending step formed, see forward), and q, k, v."""
+        """The stream h (the pending step formed, see forward), and the layer's q/k/v as `Attention.project` gives
+        them (the packed projection, or the tuple)."""
         attn, norm = self.self_attn, self.input_layernorm
         if m is None:
-            return (h, *attn.project(norm(h), cos, sin))
+            return h, attn.project(norm(h), cos, sin)
         w = attn.input_weight()
         if w is None:
             h, x = block("add_rms_norm", self.kernels, h, m, tail[0], norm.weight, norm.eps, tail[1])
-            return (h, *attn.project(x, cos, sin))
-        h, y = block("add_norm_linear", self.kernels, h, m, tail[0], norm.weight, norm.eps, tail[1], w)
-        return (h, *attn.from_projection(y, cos, sin))
+            return h, attn.project(x, cos, sin)
+        return block("add_norm_linear", self.kernels, h, m, tail[0], norm.weight, norm.eps, tail[1], w)
 
     def after_attention(self, h, o, ple):
         post, pre = self.post_attention_layernorm, self.pre_feedforward_layernorm

@@ -5,7 +5,7 @@ Why: at batch 1 the small models' step is 400-480 launches, and each small one c
 (export/results/README.md, "Two launch-boundary experiments on the small models" and the sections after it): the
 Triton kernel (triton_gemv.py) reads its first weight tile before it waits for the kernel before it (programmatic
 dependent launch) and streams the rest after, so every launch pays the stream's ramp after the wait. Here every
-program asks the copy engine for its whole slice of the weight, [BLOCK_N, K], into shared memory before it waits:
+program asks the copy engine for its whole slice of the weight, [16 or 8, K], into shared memory before it waits:
 the copies run while the kernel before it does (the launch starts when that one has passed its own wait), and what
 is left after the wait is x's read from L2 in one round trip, the sums and the store. On the H200 a chain of 32
 square stages took 1.81 / 3.31 / 5.19 us a stage at N 1,024 / 2,048 / 2,560 this way, against 3.53 / 5.24 / 6.35 as
@@ -13,7 +13,7 @@ the Triton kernel's launches, and a persistent kernel holding two slices in flig
 (bench/handoff.py's `copies`, `launches` and `prefetch` arms; export/results/README.md, "Weight slices copied into
 shared memory before a launch waits").
 
-Scope (`copies_take`): one row of x (batch-1 decode), bf16, a Hopper GPU, N a multiple of BLOCK_N and K of BLOCK_K,
+Scope (`copies_take`): one row of x (batch-1 decode), bf16, a Hopper GPU, K a multiple of BLOCK_K, N of `slice_rows`,
 a program's slice within SLICE_BYTES, the weight within COPIES_MAX_BYTES (larger weights stream at the copy
 bandwidth in the Triton kernel) and a program for half the SMs or more. The same launch can form its input from a
 residual step first (`copied_add_norm_linear`, the op `g4rt::add_norm_linear`: a layer's tail and the next layer's
@@ -37,16 +37,19 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from .gluon_attention import _sync, _tma_load
-from .triton_attention import hopper, interpreting, sm_count
+from .launch import hopper, interpreting, sm_count
 from .triton_norm import gelu_tanh_rounded
 
-BLOCK_N = 16  # weight rows (output columns) a program: the most programs for a small weight, 2 an SM with the next
+# Weight rows (output columns) a program, the most whose slice fits SLICE_BYTES (`slice_rows`): 16 for K up to
+# 3,072 (the most programs for a small weight), 8 up to 6,144 (the E2B's down_proj, the E4B's full o_proj).
+BLOCK_NS = (16, 8)
 BLOCK_K = 256  # columns a copy box (the copy engine's widest box); x is read as [K / BLOCK_K, BLOCK_K]
 NUM_WARPS = 4
 GATE_WARPS = 8  # the PLE gate's 16 programs: twice the threads for the sums and norms left after the wait
 SLICE_BYTES = 96 << 10  # a program's weight slice: two programs an SM (this launch's and the next's) in 227 KB
-COPIES_MAX_BYTES = 16 << 20  # the E4B's packed q/k/v (15 MiB) and o_proj; its 50 MiB down_proj streams
-W_LAYOUT = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)  # a weight box in shared memory
+COPIES_MAX_BYTES = 32 << 20  # the E4B's full q/k/v (30 MiB), the E2B's down_proj (18 MiB); the E4B's 50 MiB streams
+# A weight box [rows, BLOCK_K] in shared memory, for each slice height.
+W_LAYOUTS = {bn: gl.NVMMASharedLayout.get_default_for([bn, BLOCK_K], gl.bfloat16) for bn in BLOCK_NS}
 
 
 @gluon.jit
@@ -128,18 +131,25 @@ def _copied_gemv_kernel(w_desc, x_ptr, out_ptr, res_ptr, xw_ptr, ow_ptr, scale_p
     mbarrier.invalidate(bar)
 
 
+def slice_rows(k: int) -> int | None:
+    """Rows of a program's slice of a weight with `k` columns: the most of BLOCK_NS whose bf16 slice fits
+    SLICE_BYTES, or None."""
+    return next((bn for bn in BLOCK_NS if bn * k * 2 <= SLICE_BYTES), None)
+
+
 def kernel_fits(rows: int, n: int, k: int, dtype: torch.dtype) -> bool:
     """Whether the kernel can run `rows` rows against a weight [n, k] of `dtype`: one bf16 row, whole copy boxes, and
-    a program's slice within SLICE_BYTES."""
-    return (rows == 1 and dtype == torch.bfloat16 and n % BLOCK_N == 0 and k % BLOCK_K == 0 and k > 0
-            and BLOCK_N * k * 2 <= SLICE_BYTES)
+    a program's slice (`slice_rows`) within SLICE_BYTES."""
+    bn = slice_rows(k)
+    return (rows == 1 and dtype == torch.bfloat16 and bn is not None and n % bn == 0 and k % BLOCK_K == 0
+            and k > 0)
 
 
 def copies_fit(rows: int, n: int, k: int, dtype: torch.dtype, sms: int) -> bool:
     """Whether `g4rt::skinny_linear` gives the kernel such a launch on a Hopper GPU of `sms` SMs (`copies_take`): it
     `kernel_fits`, the weight is within COPIES_MAX_BYTES, and there is a program for at least half the SMs (a narrower
     weight, the MoE router's 128 outputs, would be read by a few SMs)."""
-    return kernel_fits(rows, n, k, dtype) and n * k * 2 <= COPIES_MAX_BYTES and 2 * (n // BLOCK_N) >= sms
+    return kernel_fits(rows, n, k, dtype) and n * k * 2 <= COPIES_MAX_BYTES and 2 * (n // slice_rows(k)) >= sms
 
 
 def _on_hopper(x: torch.Tensor, w: torch.Tensor) -> bool:
@@ -162,16 +172,16 @@ def gate_copies_take(x: torch.Tensor, w: torch.Tensor) -> bool:
     return _on_hopper(x, w) and copies_fit(x.shape[0], *w.shape, w.dtype, sms=0)  # sms=0: no program bound
 
 
-def weight_descriptor(w: torch.Tensor) -> TensorDescriptor:
-    """The copy engine's view of w [N, K] (bf16, contiguous), read in [BLOCK_N, BLOCK_K] boxes."""
-    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [BLOCK_N, BLOCK_K], W_LAYOUT)
+def weight_descriptor(w: torch.Tensor, bn: int) -> TensorDescriptor:
+    """The copy engine's view of w [N, K] (bf16, contiguous), read in [bn, BLOCK_K] boxes."""
+    return TensorDescriptor(w, list(w.shape), [w.shape[1], 1], [bn, BLOCK_K], W_LAYOUTS[bn])
 
 
 def _check(x: torch.Tensor, w: torch.Tensor) -> None:
     if not (_on_hopper(x, w) and kernel_fits(x.shape[0], *w.shape, w.dtype)):
-        raise ValueError(f"the copied kernel takes one bf16 row against a contiguous bf16 weight [N, K] with N a "
-                         f"multiple of {BLOCK_N}, K of {BLOCK_K} and a slice within {SLICE_BYTES} bytes, on a Hopper "
-                         f"GPU; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype} on {x.device}")
+        raise ValueError(f"the copied kernel takes one bf16 row against a contiguous bf16 weight [N, K] with K a "
+                         f"multiple of {BLOCK_K} and N of a slice height {BLOCK_NS} whose slice fits {SLICE_BYTES} "
+                         f"bytes, on a Hopper GPU; got x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} {w.dtype} on {x.device}")
 
 
 def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | None = None,
@@ -179,15 +189,15 @@ def _launch(w: torch.Tensor, x: torch.Tensor, out: torch.Tensor, norm: tuple | N
     """The kernel over w's column blocks; `norm`: (residual, x_weight, out_weight or None, scale or None, h, eps);
     `up`: the GELU's other factor [1, N] (unit column stride)."""
     N, K = w.shape
-    nt = K // BLOCK_K
+    nt, bn = K // BLOCK_K, slice_rows(K)
     res, xw, ow, scale, h, eps = norm or (x, x, None, None, x, 0.0)
     mode = 0 if norm is None else 1 if ow is None else 2
     warps = NUM_WARPS if up is None else GATE_WARPS
-    _copied_gemv_kernel[(N // BLOCK_N,)](weight_descriptor(w), x, out, res, xw, x if ow is None else ow,
-                                         x if scale is None else scale, h, x if up is None else up, float(eps), K,
-                                         NT=nt, XP=triton.next_power_of_2(nt), BN=BLOCK_N, BK=BLOCK_K, NORM=mode,
-                                         HAS_SCALE=scale is not None, GELU=up is not None, NUM_WARPS=warps,
-                                         num_warps=warps, launch_pdl=True)
+    _copied_gemv_kernel[(N // bn,)](weight_descriptor(w, bn), x, out, res, xw, x if ow is None else ow,
+                                    x if scale is None else scale, h, x if up is None else up, float(eps), K,
+                                    NT=nt, XP=triton.next_power_of_2(nt), BN=bn, BK=BLOCK_K, NORM=mode,
+                                    HAS_SCALE=scale is not None, GELU=up is not None, NUM_WARPS=warps,
+                                    num_warps=warps, launch_pdl=True)
 
 
 def copied_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -4,6 +4,9 @@
                                    k_offset, v_offset, page_size, num_kv_heads, window_left, scale, kernels) -> out
     torch.ops.g4rt.kv_write_(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> None  (mutates arena)
     torch.ops.g4rt.kv_write(arena, k, v, slots, k_offset, v_offset, page_size, kernels) -> arena'  (functional)
+    torch.ops.g4rt.kv_write_attention_(arena, k, v, slots, q, cu_q, kv_lens, page_table, first_page, k_offset,
+                                       v_offset, page_size, num_kv_heads, window_left, scale, kernels) -> out
+                                       (kv_write_ then paged_attention: a decode step's in one launch)
     torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels) -> out           (the chosen experts' weighted sum)
     torch.ops.g4rt.sample(logits, rows, nucleus, kernels) -> token ids     (greedy / temperature / top-k / top-p)
 
@@ -112,6 +115,27 @@ def _kv_write_op(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: t
 @_kv_write_op.register_fake
 def _(arena, k, v, slots, k_offset, v_offset, page_size, kernels):
     return torch.empty_like(arena)
+
+
+@torch.library.custom_op("g4rt::kv_write_attention_", mutates_args=("arena",))
+def _kv_write_attention_op(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor,
+                           q: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor, page_table: torch.Tensor,
+                           first_page: torch.Tensor, k_offset: int, v_offset: int, page_size: int,
+                           num_kv_heads: int, window_left: int, scale: float, kernels: str) -> torch.Tensor:
+    """A cache-owning layer's write and attention in one op, so the Triton kernels can make a decode step's one
+    launch (triton_kv_write.kv_write_attention_); the same bits as the two ops."""
+    rest = (k_offset, v_offset, page_size, num_kv_heads, window_left, scale)
+    if check_kernels(kernels) == "triton":
+        return _triton("triton_kv_write").kv_write_attention_(arena, k, v, slots, q, cu_q, kv_lens, page_table,
+                                                              first_page, *rest)
+    reference.kv_write_ref_(arena, k, v, slots, k_offset, v_offset, page_size)
+    return reference.paged_attention_ref(q, arena, cu_q, kv_lens, page_table, first_page, *rest)
+
+
+@_kv_write_attention_op.register_fake
+def _(arena, k, v, slots, q, cu_q, kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
+      window_left, scale, kernels):
+    return torch.empty_like(q)
 
 
 @torch.library.custom_op("g4rt::moe", mutates_args=())

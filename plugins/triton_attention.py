@@ -5,7 +5,8 @@
   head's group are rows of one tile, so K/V are read once per group; the sequence's visible key
   range is cut into num_splits equal runs of tiles, each program writes an unnormalised partial
   (m, l, acc) and a small combine kernel merges them. With one split the main kernel writes
-  the output directly.
+  the output directly. A decode reads its metadata and its split's first K tile, less the query's own
+  key, before it waits for the kernel before it (`EARLY`; plugins/README.md says why that is safe).
 * **Prefill / chunked prefill / mixed batches**: grid cdiv(T - B + 1, BLOCK_Q) x B x Hkv; T - B + 1
   bounds any sequence's q_len because each sequence has >= 1 query token, and programs past their
   sequence's q_len return at once, so no host sync is needed to size the grid. A program's rows are
@@ -33,8 +34,7 @@ is wrong, so UPCAST loads tiles as fp32 there (set automatically).
 """
 from __future__ import annotations
 
-import functools
-import os
+from typing import NamedTuple
 
 import torch
 import triton
@@ -43,6 +43,49 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from . import gluon_attention
 from .buckets import pow2_bucket
+from .launch import await_inputs, hopper, interpreting, launch_next, pdl_launch, sm90, sm_count
+from .triton_norm import joined, norm_rope, v_norm
+
+
+@triton.jit
+def _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV: tl.constexpr, D: tl.constexpr,
+               PAGE: tl.constexpr):
+    """Each key's offset in the arena, K or V's: its frame looked up in the page table."""
+    frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
+    return frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+
+
+@triton.jit
+def _prefetch_rows(rows, nbytes):
+    """Ask L2 for `nbytes` (a multiple of 16; none where 0) from each of `rows` (16-byte aligned): one
+    `cp.async.bulk.prefetch.L2` a row, fire and forget (nothing waits for it, nothing on the SM holds the data)."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; setp.gt.s32 p, $2, 0; @p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+        "=r,l,r", [rows.to(tl.int64, bitcast=True), nbytes], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
+def _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK: tl.constexpr, UPCAST: tl.constexpr,
+                 PREC: tl.constexpr):
+    """A key tile's scores folded into the online softmax: (p, alpha, m_new, l_new)."""
+    if UPCAST:
+        kt = kt.to(tl.float32)
+    s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
+    if MASK:
+        seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
+        s = tl.where(seen, s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
+    p = tl.math.exp2(s - m_safe[:, None])
+    alpha = tl.math.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _fold_values(acc, p, alpha, vt, UPCAST: tl.constexpr, PREC: tl.constexpr):
+    if UPCAST:
+        vt = vt.to(tl.float32)
+    return acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
 
 
 @triton.jit
@@ -67,45 +110,58 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
             page = tl.load(table_ptr + b * table_stride + (start // PAGE - first))
             kt = tl.reshape(k_desc.load([page, start % PAGE, h * D]), [BLOCK_N, D])
         else:
-            frame = tl.load(table_ptr + b * table_stride + (kn // PAGE - first), mask=k_ok, other=0)
-            base = frame.to(tl.int64) * stride_frame + ((kn % PAGE) * HKV + h) * D
+            base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
             kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            kt = kt.to(tl.float32)
-        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
-        if MASK:
-            seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
-            s = tl.where(seen, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet
-        p = tl.math.exp2(s - m_safe[:, None])
-        alpha = tl.math.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK, UPCAST, PREC)
         if TMA:
             vt = tl.reshape(v_desc.load([page, start % PAGE, h * D + dv0]), [BLOCK_N, DV])
         else:
             vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
-        if UPCAST:
-            vt = vt.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
-        m_i = m_new
+        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
     return m_i, l_i, acc
+
+
+@triton.jit
+def _store_own_key(arena_ptr, k_row, v_row, slot, mine, h, k_offset, v_offset, stride_frame,
+                   HKV: tl.constexpr, D: tl.constexpr, PAGE: tl.constexpr):
+    """A token's K and V rows of KV head h (read beside q) into the arena at its slot, cast as kv_write casts them,
+    where `mine` and the slot is not -1; then a barrier of the program's threads, after which its loads see the
+    rows. Only the program that writes a key reads it, so no other program waits for it."""
+    d = tl.arange(0, D)
+    slot = slot + tl.zeros([D], tl.int32)  # broadcast: the interpreter rejects block & scalar masks
+    ok = (slot >= 0) & ((mine.to(tl.int32) + tl.zeros([D], tl.int32)) != 0)
+    safe = tl.where(ok, slot, 0)
+    dst = (safe // PAGE).to(tl.int64) * stride_frame + ((safe % PAGE) * HKV + h) * D + d
+    dtype = arena_ptr.dtype.element_ty
+    tl.store(arena_ptr + k_offset + dst, k_row.to(dtype), mask=ok)
+    tl.store(arena_ptr + v_offset + dst, v_row.to(dtype), mask=ok)
+    tl.debug_barrier()
 
 
 @triton.jit
 def _paged_attn_kernel(
     q_ptr, arena_ptr, cu_q_ptr, kv_lens_ptr, table_ptr, first_ptr, out_ptr, ws_acc_ptr, ws_ml_ptr,
     scale, window_left, k_offset, v_offset, stride_frame, table_stride, num_splits, k_desc, v_desc,
+    k_new_ptr, v_new_ptr, slots_ptr, stride_q, qw_ptr, kw_ptr, cos_ptr, sin_ptr, eps,
     HQ: tl.constexpr, HKV: tl.constexpr, G: tl.constexpr, GP: tl.constexpr, D: tl.constexpr,
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-    TMA: tl.constexpr = False, PDL: tl.constexpr = False,
+    TMA: tl.constexpr = False, WRITE: tl.constexpr = False, NORM: tl.constexpr = False, K_EQ_V: tl.constexpr = False,
+    PDL: tl.constexpr = False, EARLY: tl.constexpr = False, L2_V: tl.constexpr = False,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
     # DV_SPLIT > 1: each program writes 1/DV_SPLIT of the output's columns (same scores, recomputed),
     # so its accumulator and V tiles are that much smaller (head dim 512 prefill).
-    await_inputs(PDL)
+    # WRITE (decode only): the step's K/V rows (k_new, v_new [B, HKV, D]) go to their slots first, by the one
+    # program whose key run holds the query's own key, the only one that reads it (`_store_own_key`).
+    # NORM (decode only): q_ptr is the layer's packed q/k/v projection (tokens stride_q apart, triton_norm's q/k/v
+    # kernel's input), whose q the kernel norms and ropes itself (qw, cos, sin, eps); with WRITE the own K/V rows
+    # come from it too (kw; K_EQ_V: V is the raw K), not from k_new / v_new.
+    # EARLY (a decode launch: one query a sequence): the launch's metadata and its split's first key tile, less the
+    # query's own key, are read before the wait (see the early tile below).
+    if not EARLY:
+        await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
     DV: tl.constexpr = D // DV_SPLIT
     # Programs start in id order; numbered backwards, a prefill chunk's last query tiles, which see the
@@ -136,10 +192,8 @@ def _paged_attn_kernel(
     pos = kv_len - q_len + qi  # absolute position of each row's query
     d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
-    q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view
-    q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
-    if UPCAST:
-        q = q.to(tl.float32)
+    q_row = (q_start + qi).to(tl.int64) * HQ + h * G + g  # row of the flat [T * HQ, D] view (the output's)
+    dtype = out_ptr.dtype.element_ty
     qk_scale = tl.cast(scale, tl.float32) * 1.4426950408889634
 
     # The keys this tile can see: [k_lo, k_hi). A negative window_left means none; it becomes a
@@ -162,7 +216,54 @@ def _paged_attn_kernel(
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, DV], tl.float32)
-    if INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
+    if EARLY:
+        # The early tile: the split's first key tile. A decode step writes one row of a layer's cache, the query's
+        # own key (p_first: in this launch, or a KV-shared layer's source's); the keys before it were written by
+        # earlier steps. The attention launch of the layer before, like every Triton launch of a step, lets the
+        # next launch in only after its own wait, so by the time this one runs every launch before that one has
+        # ended, earlier steps included, and those keys' K is read while the launches between run. The own key, q
+        # and the tile's V (registers: K and V held across the wait spill) are read after the wait.
+        kn = t_begin + tl.arange(0, BLOCK_N)
+        k_ok = kn < t_end
+        base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
+        old = (k_ok & (kn < p_first))[:, None]
+        kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=old, other=0.0)
+        if L2_V:  # the tile's V asked of L2 (no registers held across the wait)
+            _prefetch_rows(arena_ptr + v_offset + base + dv0,
+                           tl.where(k_ok, DV * arena_ptr.dtype.element_ty.primitive_bitwidth // 8, 0))
+        await_inputs(PDL)
+    if WRITE:  # the step's K/V rows, read or formed, stored before any read of the own key
+        t0 = q_start.to(tl.int64)
+        if NORM:
+            tok = tl.zeros([1], tl.int64) + t0
+            one = tok >= 0
+            v_head = HQ + h if K_EQ_V else HQ + HKV + h
+            k_row = tl.reshape(joined(*norm_rope(q_ptr, tok * stride_q + (HQ + h) * D, tok, one, kw_ptr, cos_ptr,
+                                                 sin_ptr, eps, D, dtype)), [D])
+            v_row = tl.reshape(v_norm(q_ptr, tok * stride_q + v_head * D, one, eps, D, dtype), [D])
+        else:
+            own = (t0 * HKV + h) * D + d
+            k_row, v_row = tl.load(k_new_ptr + own), tl.load(v_new_ptr + own)
+        _store_own_key(arena_ptr, k_row, v_row, tl.load(slots_ptr + q_start), (p_last >= t_begin) & (p_last < t_end),
+                       h, k_offset, v_offset, stride_frame, HKV, D, PAGE)
+    if EARLY:
+        own = (k_ok & (kn == p_first))[:, None]
+        kt = tl.where(own, tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=own, other=0.0), kt)
+        vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
+    if NORM:
+        q = joined(*norm_rope(q_ptr, (q_start + qi).to(tl.int64) * stride_q + (h * G + g) * D, q_start + qi, row_ok,
+                              qw_ptr, cos_ptr, sin_ptr, eps, D, dtype))
+    else:
+        q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
+    if UPCAST:
+        q = q.to(tl.float32)
+    if EARLY:
+        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, True, UPCAST, PREC)
+        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
+        m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + BLOCK_N, t_end, pos, wl, arena_ptr,
+                                      table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end,
+                                      dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC, False)
+    elif INTERIOR:  # the interior tiles (MASK False) take TMA where the host allowed it; edges never do
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin, t_begin + j0 * BLOCK_N, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
                                       table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
@@ -194,8 +295,14 @@ def _paged_attn_kernel(
 @triton.jit
 def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr, BLOCK_S: tl.constexpr,
                     PDL: tl.constexpr = False):
-    """Merge the num_splits partial softmaxes of one (token, query head) row into the output."""
-    await_inputs(PDL)
+    """Merge the num_splits partial softmaxes of one (token, query head) row into the output.
+
+    With PDL it lets the next kernel launch before its own wait, which lasts the whole split attention before it:
+    the kernel after it (a layer's o_proj, copied launches whose weight slices are copied before their wait) then
+    reads its weights while the attention runs, where a trigger after the wait started those reads only once the
+    attention had ended. Safe as any trigger: that kernel waits for this one, which ends after the attention."""
+    launch_next(PDL)
+    await_inputs(PDL, LAUNCH_NEXT=False)
     row = tl.program_id(0).to(tl.int64)
     sp = tl.arange(0, BLOCK_S)
     s_ok = sp < num_splits
@@ -210,72 +317,6 @@ def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr,
     acc = tl.load(ws_acc_ptr + ws_row[:, None] * D + d[None, :], mask=s_ok[:, None], other=0.0)
     out = tl.sum(acc * w[:, None], 0) / tl.where(total > 0, total, 1.0)
     tl.store(out_ptr + row * D + d, out.to(out_ptr.dtype.element_ty))
-
-
-def interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-
-
-@functools.cache
-def hopper(device: torch.device) -> bool:
-    """Whether `device` is a CUDA GPU of compute capability 9 or more: dependent launches and tensor-memory
-    copies (looked up once)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
-
-
-@functools.cache
-def sm90(device: torch.device) -> bool:
-    """Whether `device` is a CUDA GPU of compute capability 9.x: warpgroup matrix multiply-accumulate
-    (`warpgroup_mma`, gluon_attention.py's kernel) exists there only; later GPUs have other tensor-core
-    instructions (looked up once)."""
-    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] == 9
-
-
-@functools.cache
-def pdl(device: torch.device) -> bool:
-    """Whether the step's Triton kernels launch with programmatic dependent launch (Hopper and later;
-    never under the interpreter, which has no grid dependency control). Such a launch may start while
-    the kernel before it in the stream finishes; the kernel waits for it (`await_inputs`) before it
-    reads anything a kernel wrote, so only the launch's latency and a kernel's start overlap the tail
-    of the one before: the 31B's batch-1 decode step is about 800 kernels, most of a few microseconds."""
-    return hopper(device) and not interpreting()
-
-
-def pdl_launch(device: torch.device) -> dict:
-    """The launch keywords of a kernel that takes `PDL`: its constexpr and the launch's flag, always the
-    same value (a kernel launched with PDL that did not wait for its inputs would race the one before)."""
-    on = pdl(device)
-    return {"PDL": on, "launch_pdl": on}
-
-
-@triton.jit
-def await_inputs(PDL: tl.constexpr, LAUNCH_NEXT: tl.constexpr = True):
-    """With PDL: wait until the kernels before this one have finished and their writes are visible, then
-    let the next kernel launch. Every load of a kernel launched with PDL that reads what a kernel wrote
-    comes after this call (a kernel's weights may be read before it: nothing writes them). LAUNCH_NEXT False:
-    the kernel lets the next one launch itself, later (`launch_next`)."""
-    if PDL:
-        tl.extra.cuda.gdc_wait()
-        if LAUNCH_NEXT:
-            tl.extra.cuda.gdc_launch_dependents()
-
-
-@triton.jit
-def launch_next(PDL: tl.constexpr):
-    """With PDL: let the next kernel launch (at the latest it does when this one ends). A short kernel whose reads
-    are its critical path calls it after them: the next kernel's programs start by reading their weights (a first
-    tile, or gluon_gemv.py's whole slices), and reads queued behind those take that much longer (the norm kernel's
-    launch on the H200: 3.3 -> 1.7 us with its reads in one round trip, export/results/README.md, "the norm in one
-    round trip")."""
-    if PDL:
-        tl.extra.cuda.gdc_launch_dependents()
-
-
-@functools.cache
-def sm_count(device: torch.device) -> int:
-    """The device's SM count, looked up once; off CUDA an H200's 132, so that CPU runs and tests take
-    the launch choices the H200 takes."""
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 132
 
 
 WIDE_DECODE = 6  # programs an SM from which an unsplit head-dim-256 decode takes one-warp tiles (default_config)
@@ -347,6 +388,17 @@ def decode_splits(batch: int, num_kv_heads: int, max_keys: int, head_dim: int, d
     return max(1, min(triton.cdiv(2 * sms, programs), max_keys * head_dim // SPLIT_MIN_ELEMS, MAX_DECODE_SPLITS))
 
 
+def step_splits(batch: int, page_table: torch.Tensor, page_size: int, window_left: int, num_kv_heads: int,
+                head_dim: int) -> int:
+    """decode_splits for a decode launch of `batch` sequences on `page_table` (paged_attention's count, and the
+    fused decode's rule in triton_kv_write.projected_attention_): the batch and the table's width by their graph
+    buckets, the keys bounded by the window."""
+    max_keys = pow2_bucket(page_table.shape[1]) * page_size
+    if window_left >= 0:
+        max_keys = min(max_keys, window_left + 1)
+    return decode_splits(pow2_bucket(batch), num_kv_heads, max_keys, head_dim, page_table.device)
+
+
 def takes_copies(cfg: dict, decode: bool, window_left: int, page_size: int) -> bool:
     """Whether a launch on tiles `cfg` copies its interior key tiles by tensor-memory copies, from its shape
     alone: asked (`tma`), a prefill with the unmasked interior, no window (a window's first key need not start
@@ -374,16 +426,31 @@ def query_block(rows: int, group: int) -> int:
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                      num_splits: int, fp32: bool, copies: bool) -> dict:
+                      num_splits: int, fp32: bool, copies: bool, decode: bool, arena_grid: tuple = ()) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
-    offline compile of the same kernel)."""
+    offline compile of the same kernel); `arena_grid`: the layer's K and V offsets and the frame stride, in
+    elements (`early_rows`; empty: an arena the engine allocates, PageGeometry's). The early tile is a decode's cut
+    over its keys (`num_splits` > 1): a few latency-bound programs a head, as at batch 1, where reading the first key
+    tile before the wait gained; with a program a (sequence, KV head) at serving batches it made the 31B's step
+    slower (export/results/README.md, "The 31B on `next/all-norm`")."""
     group = num_q_heads // num_kv_heads
     gp = triton.next_power_of_2(group)
+    early = decode and num_splits > 1 and early_rows(head_dim, 4 if fp32 else 2, *arena_grid)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=query_block(cfg["rows"], group),
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
-                TMA=copies)
+                TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
+
+
+def early_rows(head_dim: int, elem_bytes: int, *arena_grid: int) -> bool:
+    """Whether a decode may take the early tile (`EARLY`): a key's row of the arena is whole 128-byte cache lines,
+    so the early loads never bring a line holding the query's own key into L1, where the reads after the wait would
+    find its bytes from before the write, and the L2 request for V (`cp.async.bulk.prefetch.L2`, which needs
+    16-byte aligned addresses) is on that grid too. That takes a row of head_dim elements and `arena_grid` (the
+    layer's K and V offsets and the frame stride, in elements) all multiples of 128 bytes: every arena
+    layout.PageGeometry lays out, not necessarily a hand-made one."""
+    return all(n * elem_bytes % 128 == 0 for n in (head_dim, *arena_grid))
 
 
 def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size: int, num_kv_heads: int,
@@ -402,11 +469,25 @@ def kv_descriptors(arena: torch.Tensor, k_offset: int, v_offset: int, page_size:
             TensorDescriptor(flat[v_offset:], shape, strides, [1, block_n, dv]))
 
 
+class Norms(NamedTuple):
+    """What a decode launch norms and ropes its q with, and where the layer owns a cache its K/V rows, from the
+    layer's packed q/k/v projection: triton_norm.qkv_norm_rope's arguments less the projection (k_weight None: a
+    KV-shared layer, whose projection is q alone). cos and sin [T, head_dim] contiguous."""
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor | None
+    eps: float
+    cos: torch.Tensor
+    sin: torch.Tensor
+    num_q_heads: int
+    k_eq_v: bool
+
+
 def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv_lens: torch.Tensor,
                     page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int, v_offset: int,
                     page_size: int, num_kv_heads: int, window_left: int, scale: float, *,
                     out: torch.Tensor | None = None, num_splits: int | None = None,
-                    config: dict | None = None, decode: bool | None = None) -> torch.Tensor:
+                    config: dict | None = None, decode: bool | None = None,
+                    write: tuple | None = None, norms: Norms | None = None) -> torch.Tensor:
     """Launch the kernel(s); same arguments as the op. No host syncs: every launch parameter comes
     from shapes and Python ints.
 
@@ -415,8 +496,22 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     `dv_split` > 1 cuts the output columns across programs, prefill only; `interior` False masks
     every key tile, the bench's A/B of the unmasked interior; `tma` True has a prefill without a window
     copy its interior tiles by tensor-memory copies where `takes_copies` and `kv_descriptors` allow),
-    `decode` (force or forbid the decode launch shape; it needs T == B)."""
-    T, HQ, D = q.shape
+    `decode` (force or forbid the decode launch shape; it needs T == B). `write`: the step's (k, v, slots), as
+    kv_write_ takes them, which a decode launch writes to the arena itself before it reads them
+    (triton_kv_write.kv_write_attention_ is the op's body: it writes them first where the launch is no decode).
+    `norms` (a decode launch only): `q` is then a layer's packed q/k/v projection, whose q the kernel norms and
+    ropes itself (`Norms`); `write` is then (None, None, slots), the rows coming from the projection too."""
+    if norms is None:
+        T, HQ, D = q.shape
+        q = q.contiguous()
+    else:
+        (T, width), HQ, D = q.shape, norms.num_q_heads, norms.cos.shape[-1]
+        heads = HQ + (0 if norms.k_weight is None else (1 if norms.k_eq_v else 2) * num_kv_heads)
+        if q.dim() != 2 or width != heads * D or q.stride(1) != 1:
+            raise ValueError(f"norms: q must be the packed projection [T, {heads} heads x {D}] with unit column "
+                             f"stride, got {tuple(q.shape)} strides {q.stride()}")
+        if (write is None) != (norms.k_weight is None) or (write is not None and write[0] is not None):
+            raise ValueError("norms: write must be (None, None, slots) exactly where the projection holds K/V")
     B = kv_lens.shape[0]
     HKV = num_kv_heads
     if HQ % HKV or D < 16 or D & (D - 1):
@@ -428,18 +523,20 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     is_decode = (T == B) if decode is None else decode
     if is_decode and T != B:
         raise ValueError("the decode launch needs one query token per sequence (T == B)")
+    if write is not None and not is_decode:
+        raise ValueError("write: only a decode launch writes the step's K/V rows itself; write them first "
+                         "(kv_write_) for a prefill or mixed step")
+    if norms is not None and not is_decode:
+        raise ValueError("norms: only a decode launch norms and ropes its q itself; run the q/k/v norm kernel "
+                         "first for a prefill or mixed step")
     if is_decode and num_splits is None:
-        max_keys = pow2_bucket(page_table.shape[1]) * page_size
-        if window_left >= 0:
-            max_keys = min(max_keys, window_left + 1)
-        num_splits = decode_splits(pow2_bucket(B), HKV, max_keys, D, q.device)
+        num_splits = step_splits(B, page_table, page_size, window_left, HKV, D)
     num_splits = num_splits or 1
     # per SM, from the batch's graph bucket (as decode_splits): an eager step and its padded replay pick one tile
     per_sm = pow2_bucket(B) * HKV / sm_count(q.device) if is_decode else 0.0
     cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm), **(config or {})}
-    q = q.contiguous()
     if out is None:
-        out = torch.empty_like(q)
+        out = q.new_empty(T, HQ, D)
     if T == 0:
         return out
     if num_splits > 1:
@@ -461,13 +558,16 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     if takes_copies(cfg, is_decode, window_left, page_size):
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
     consts = launch_constexprs(cfg, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=page_size,
-                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None)
+                               num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None,
+                               decode=is_decode, arena_grid=(int(k_offset), int(v_offset), arena.stride(0)))
     m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, consts["BLOCK_Q"])
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,
         float(scale), int(window_left), int(k_offset), int(v_offset), arena.stride(0), page_table.stride(0),
-        num_splits, *(descs or (None, None)), **consts, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"], **pdl_launch(q.device),
+        num_splits, *(descs or (None, None)), *(write or (None, None, None)), q.stride(0),
+        *((norms.q_weight, norms.k_weight, norms.cos, norms.sin, float(norms.eps)) if norms else (None,) * 5),
+        **consts, WRITE=write is not None, NORM=norms is not None, K_EQ_V=bool(norms and norms.k_eq_v),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits),

@@ -34,7 +34,7 @@ import triton.language as tl
 
 from .gluon_gemv import (copied_add_norm_gelu_linear, copied_add_norm_linear, copied_linear, copies_take,
                          gate_copies_take)
-from .triton_attention import await_inputs, interpreting, pdl_launch, sm_count
+from .launch import await_inputs, interpreting, pdl_launch, sm_count
 from .triton_norm import add_normed, add_rms_norm, gelu_tanh_mul, gelu_tanh_rounded
 
 MAX_ROWS = 128  # rows of x one launch takes, in one row tile (row_tile)
@@ -48,7 +48,8 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 # 6,144] took 0.115 ms over 12 layers cut in 4 against 0.160 for the fastest unsplit tile; K of 1,536-2,048
 # gained nothing (export/results/README.md, "A split over K for the skinny matmul").
 SPLIT_MIN_K = 4096
-MAX_SPLITS = 8
+MAX_SPLITS = 16
+SPLIT_PROGRAMS = 2  # programs per SM a cut over K aims for
 # A weight so narrow that even the narrowest tile gives fewer than 3/5 of the SMs a program (the PLE gates'
 # 256 columns, the MoE router's 128) takes the widest narrow tile cut over K from this K on: the E4B's PLE
 # gate [256 x 2,560] at batch 1 on the H200, 35 layers, 0.164 ms on 16 unsplit 16-column blocks against
@@ -292,14 +293,14 @@ def gemv_plan(n: int, k: int, device: torch.device,
     """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
     a program (PACKED_GELU_CONFIG for a packed gate/up with the GELU epilogue, `packed_gelu`, and K of at
     least PACKED_GELU_MIN_K); for a narrower weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut
-    into enough runs (at most MAX_SPLITS) for every SM to get a program; else the widest tile of MODEL_CONFIG
+    into enough runs (at most MAX_SPLITS) for SPLIT_PROGRAMS programs an SM; else the widest tile of MODEL_CONFIG
     and NARROW_CONFIGS (64, 32 or 16 columns) whose column blocks give 3/5 of the SMs a program; else, with K of
     at least NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way; else the narrowest (the most
     programs). The stages never change the order of the sums."""
     sms = sm_count(device)
 
-    def cut(config):  # config's column blocks, K cut into enough runs for every SM to get a program
-        return config, min(MAX_SPLITS, triton.cdiv(sms, triton.cdiv(n, config[0])))
+    def cut(config):  # config's column blocks, K cut into enough runs for SPLIT_PROGRAMS programs an SM
+        return config, min(MAX_SPLITS, triton.cdiv(SPLIT_PROGRAMS * sms, triton.cdiv(n, config[0])))
 
     if triton.cdiv(n, MODEL_CONFIG[0]) >= sms:
         return PACKED_GELU_CONFIG if packed_gelu and k >= PACKED_GELU_MIN_K else MODEL_CONFIG, 1

@@ -42,7 +42,7 @@ import triton.language as tl
 
 from .buckets import pow2_bucket
 from .reference import moe_shapes
-from .triton_attention import interpreting
+from .launch import interpreting
 from .triton_norm import gelu_tanh_rounded
 
 ALIGN_CHUNK = 128  # assignments one align program sorts at once

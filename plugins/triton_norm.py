@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .triton_attention import await_inputs, interpreting, launch_next, pdl_launch
+from .launch import await_inputs, interpreting, launch_next, pdl_launch
 
 
 # Rows (tokens) a program of the row kernels and of the q/k/v kernel takes under the Triton interpreter (CPU
@@ -130,24 +130,42 @@ def gelu_tanh_mul(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
 # RoPE and adds up to the order of one fp32 sum per row.
 
 @triton.jit
-def _norm_rope_rows(src, stride_src, w_ptr, cos_ptr, sin_ptr, dst, stride_dst, t, ok, eps, D: tl.constexpr):
-    """One head of BT tokens (`t`, rows `ok`): RMSNorm with weight, then RoPE (rotate_half: dim i
-    pairs with i + D/2). `src`/`dst` point at the head in token 0; tokens are `stride_*` elements apart."""
-    dtype = dst.dtype.element_ty
-    c = tl.arange(0, D)
-    partner = (c + D // 2) % D
+def norm_rope(x_ptr, row, tok, ok, w_ptr, cos_ptr, sin_ptr, eps, D: tl.constexpr, dtype: tl.constexpr):
+    """q or k of R heads: RMSNorm with weight, then RoPE (rotate_half: dim i pairs with i + D/2), as the halves
+    [R, D/2] of a row in `dtype` (`joined` makes them a [R, D] tile). Row r is the D elements at x_ptr + row[r], of
+    token tok[r] (its cos/sin row, [T, D] tables); rows not `ok` read nothing. The q/k/v kernel's math and a decode
+    attention's, which forms its q itself. A row is read as its two halves, the pairs RoPE mixes, so no element is
+    loaded twice (registers: a decode attention's tile holds both)."""
+    H: tl.constexpr = D // 2
+    c = tl.arange(0, H)
     m = ok[:, None]
-    row = src + t[:, None] * stride_src
-    x = tl.load(row + c[None, :], mask=m, other=0.0).to(tl.float32)
-    den = _rms(x, D, eps)
-    w, wp = tl.load(w_ptr + c).to(tl.float32)[None, :], tl.load(w_ptr + partner).to(tl.float32)[None, :]
-    y = (x / den * w).to(dtype).to(tl.float32)
-    yp = (tl.load(row + partner[None, :], mask=m, other=0.0).to(tl.float32) / den * wp).to(dtype).to(tl.float32)
-    rope = t[:, None] * D
-    a = (y * tl.load(cos_ptr + rope + c[None, :], mask=m, other=0.0).to(tl.float32)).to(dtype).to(tl.float32)
-    b = (tl.where(c[None, :] < D // 2, -yp, yp) * tl.load(sin_ptr + rope + c[None, :], mask=m, other=0.0)
-         .to(tl.float32)).to(dtype).to(tl.float32)
-    tl.store(dst + t[:, None] * stride_dst + c[None, :], (a + b).to(dtype), mask=m)
+    at = x_ptr + row[:, None] + c[None, :]
+    lo, hi = tl.load(at, mask=m, other=0.0).to(tl.float32), tl.load(at + H, mask=m, other=0.0).to(tl.float32)
+    den = tl.sqrt((tl.sum(lo * lo, axis=1, keep_dims=True) + tl.sum(hi * hi, axis=1, keep_dims=True)) / D + eps)
+    lo = (lo / den * tl.load(w_ptr + c).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+    hi = (hi / den * tl.load(w_ptr + H + c).to(tl.float32)[None, :]).to(dtype).to(tl.float32)
+    rope = tok[:, None].to(tl.int64) * D + c[None, :]
+    cos_lo, cos_hi = tl.load(cos_ptr + rope, mask=m, other=0.0), tl.load(cos_ptr + rope + H, mask=m, other=0.0)
+    sin_lo, sin_hi = tl.load(sin_ptr + rope, mask=m, other=0.0), tl.load(sin_ptr + rope + H, mask=m, other=0.0)
+    out_lo = ((lo * cos_lo.to(tl.float32)).to(dtype).to(tl.float32)
+              + (-hi * sin_lo.to(tl.float32)).to(dtype).to(tl.float32)).to(dtype)
+    out_hi = ((hi * cos_hi.to(tl.float32)).to(dtype).to(tl.float32)
+              + (lo * sin_hi.to(tl.float32)).to(dtype).to(tl.float32)).to(dtype)
+    return out_lo, out_hi
+
+
+@triton.jit
+def joined(lo, hi):
+    """[R, D] rows of their halves [R, D/2]."""
+    return tl.reshape(tl.permute(tl.join(lo, hi), (0, 2, 1)), [lo.shape[0], 2 * lo.shape[1]])
+
+
+@triton.jit
+def v_norm(x_ptr, row, ok, eps, D: tl.constexpr, dtype: tl.constexpr):
+    """v of R heads: RMSNorm without weight, as a [R, D] tile in `dtype` (rows as norm_rope's)."""
+    c = tl.arange(0, D)
+    x = tl.load(x_ptr + row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
+    return (x / _rms(x, D, eps)).to(dtype)
 
 
 @triton.jit
@@ -158,18 +176,25 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
     t = tl.program_id(0).to(tl.int64) * BT + tl.arange(0, BT)
     ok = t < T
     j = tl.program_id(1)  # q heads, then k heads, then v heads
+    c, c2 = tl.arange(0, D), tl.arange(0, D // 2)
+    m = ok[:, None]
     if j < HQ:
-        _norm_rope_rows(qkv_ptr + j * D, stride_token, qw_ptr, cos_ptr, sin_ptr, q_ptr + j * D, HQ * D, t, ok, eps, D)
+        lo, hi = norm_rope(qkv_ptr, t * stride_token + j * D, t, ok, qw_ptr, cos_ptr, sin_ptr, eps, D,
+                           q_ptr.dtype.element_ty)
+        at = q_ptr + t[:, None] * (HQ * D) + j * D + c2[None, :]
+        tl.store(at, lo, mask=m)
+        tl.store(at + D // 2, hi, mask=m)
     elif j < HQ + HKV:
-        _norm_rope_rows(qkv_ptr + j * D, stride_token, kw_ptr, cos_ptr, sin_ptr, k_ptr + (j - HQ) * D, HKV * D, t, ok,
-                        eps, D)
+        lo, hi = norm_rope(qkv_ptr, t * stride_token + j * D, t, ok, kw_ptr, cos_ptr, sin_ptr, eps, D,
+                           k_ptr.dtype.element_ty)
+        at = k_ptr + t[:, None] * (HKV * D) + (j - HQ) * D + c2[None, :]
+        tl.store(at, lo, mask=m)
+        tl.store(at + D // 2, hi, mask=m)
     else:
         h = j - HQ - HKV
-        src = qkv_ptr + ((HQ + h) * D if K_EQ_V else j * D)  # k_eq_v: V is the raw K
-        c = tl.arange(0, D)
-        x = tl.load(src + t[:, None] * stride_token + c[None, :], mask=ok[:, None], other=0.0).to(tl.float32)
-        y = x / _rms(x, D, eps)
-        tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y.to(v_ptr.dtype.element_ty), mask=ok[:, None])
+        y = v_norm(qkv_ptr, t * stride_token + ((HQ + h) * D if K_EQ_V else j * D), ok, eps, D,  # k_eq_v: V is raw K
+                   v_ptr.dtype.element_ty)
+        tl.store(v_ptr + t[:, None] * (HKV * D) + h * D + c[None, :], y, mask=m)
 
 
 # One-token programs (tokens x heads) from which the q/k/v norm kernel at head dim 256 takes 4 tokens a program

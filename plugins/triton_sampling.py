@@ -34,7 +34,7 @@ import triton
 import triton.language as tl
 
 from .reference import SAMPLE_KEY_MAX, SAMPLE_KEY_SCALE, SAMPLE_MASS_SCALE
-from .triton_attention import sm_count
+from .launch import sm_count
 
 
 SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))

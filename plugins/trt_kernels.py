@@ -50,16 +50,19 @@ def attention_abi(q, arena, cu_q, kv_lens, table, first, window_left, k_offset, 
                   UPCAST: tl.constexpr, PREC: tl.constexpr):
     # Keyword constexprs: the kernel's tile parameters, by name. With DV_SPLIT > 1 and several splits
     # each column slice writes its part of a partial and the same (m, l): identical values. No tensor-memory
-    # copy descriptors (k_desc, v_desc None): the plugin's ABI passes pointers only.
+    # copy descriptors (k_desc, v_desc None): the plugin's ABI passes pointers only. The KV write and the q/k/v norms
+    # are plugins of their own (k_new .. eps None).
     if num_splits == 1:
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
-                           k_offset, v_offset, stride_frame, table_stride, 1, None, None, HQ=HQ, HKV=HKV, G=G,
-                           GP=GP, D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=False,
+                           k_offset, v_offset, stride_frame, table_stride, 1, None, None, None, None, None, None, None,
+                           None, None, None, None,
+                           HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=False,
                            DV_SPLIT=DV_SPLIT, INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
     else:
         _paged_attn_kernel(q, arena, cu_q, kv_lens, table, first, out, ws_acc, ws_ml, SCALE, window_left,
-                           k_offset, v_offset, stride_frame, table_stride, num_splits, None, None, HQ=HQ,
-                           HKV=HKV, G=G, GP=GP, D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=True,
+                           k_offset, v_offset, stride_frame, table_stride, num_splits, None, None, None, None, None,
+                           None, None, None, None, None, None,
+                           HQ=HQ, HKV=HKV, G=G, GP=GP, D=D, PAGE=PAGE, BLOCK_Q=BLOCK_Q, BLOCK_N=BLOCK_N, SPLIT=True,
                            DV_SPLIT=DV_SPLIT, INTERIOR=INTERIOR, UPCAST=UPCAST, PREC=PREC)
 
 

@@ -33,6 +33,13 @@ class PagedBatch:
         return (self.q, self.arena, self.cu_q, self.kv_lens, self.page_table, self.first_page, self.k_offset,
                 self.v_offset, self.page_size, self.num_kv_heads, self.window_left, self.scale)
 
+    def own_slots(self) -> torch.Tensor:
+        """int32 [B]: each sequence's slot of its last key (a decode's own key, which the step writes)."""
+        P = self.page_size
+        pos = self.kv_lens.long() - 1
+        frames = self.page_table.gather(1, (pos // P - self.first_page.long())[:, None])[:, 0]
+        return (frames * P + pos % P).to(torch.int32)
+
     def visible(self) -> torch.Tensor:
         """Bool mask over the arena: the K/V elements some query of the batch may read. Everything
         else (other layers, padding, page tails past kv_len, keys left of every query's window,

@@ -73,3 +73,81 @@ def test_a_bad_config_and_the_interpreter_are_named():
     assert r.returncode == 2 and "--config is not JSON" in r.stderr
     r = run(*FULL, interpret=True)
     assert r.returncode == 2 and "TRITON_INTERPRET is set" in r.stderr
+
+
+def test_a_decode_that_writes_its_keys_stores_them_then_syncs_before_its_tiles(tmp_path):
+    """The decode launch that writes the step's K/V rows (`--write`): compiled for sm_90, the rows' stores come
+    before a barrier of the block and every tile copy after it (a copy before it could miss the own key's row),
+    and without `--write` the kernel stores nothing before its tiles."""
+    e2b = ["--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--decode", "--splits", "4",
+           "--window"]
+    out = report(tmp_path, *e2b, "--write")
+    assert 0 < out["registers"] <= 255
+    ptx = (tmp_path / "attention.ptx").read_text().splitlines()
+    first = lambda op: next(i for i, line in enumerate(ptx) if op in line)  # noqa: E731
+    stores = [i for i, line in enumerate(ptx) if "st.global" in line]
+    copies = [i for i, line in enumerate(ptx) if "cp.async" in line and "prefetch" not in line]  # tiles, not L2 asks
+    assert len(stores) >= 2 and copies and max(stores[:2]) < first("bar.sync") < min(copies)
+    report(tmp_path, *e2b)
+    ptx = (tmp_path / "attention.ptx").read_text().splitlines()
+    assert not any("st.global" in line for line in ptx[:min(i for i, line in enumerate(ptx)
+                                                         if "cp.async" in line and "prefetch" not in line)])
+    r = run(*e2b[:-4], "--write")
+    assert r.returncode == 2 and "only a decode launch" in r.stderr
+
+
+def test_a_decode_reads_its_first_key_tile_before_its_wait(tmp_path):
+    """A decode launch (the E2B's sliding layer at batch 1, four splits) asks for its split's first K tile, and
+    L2 for its V, before it waits for the kernel before it, and for the query's own key, q and V after; a prefill
+    launch reads nothing before its wait."""
+    def loads(*args):
+        report(tmp_path, *args)
+        ptx = (tmp_path / "attention.ptx").read_text()
+        wait = ptx.index("griddepcontrol.wait")
+        return ptx[:wait], ptx[wait:]
+
+    before, after = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window",
+                          "--decode", "--splits", "4")
+    assert before.count("ld.global.v4") >= 8  # the K tile: 64 keys x 256, 16 bytes a load
+    assert "cp.async.bulk.prefetch.L2" in before  # and its V asked of L2
+    assert after.count("ld.global.v4") >= 3 * 8  # the own key's row of that tile, its V and q
+    before, _ = loads("--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window")
+    assert "ld.global" not in before
+
+
+def test_a_decode_attention_waits_before_it_lets_the_next_launch_in(tmp_path):
+    """The early tile's reads before the wait are safe because the attention launch of the layer before lets the next
+    launch in only after its own wait, so every launch before that one has ended: compiled for sm_90, with and
+    without the write and the norms, the decode kernel's trigger comes after its wait."""
+    e2b = ["--head-dim", "256", "--page", "16", "--q-heads", "8", "--kv-heads", "1", "--window", "--decode",
+           "--splits", "4"]
+    for extra in ((), ("--write", "--norm")):
+        report(tmp_path, *e2b, *extra)
+        ptx = (tmp_path / "attention.ptx").read_text()
+        assert 0 <= ptx.index("griddepcontrol.wait") < ptx.index("griddepcontrol.launch_dependents"), extra
+
+
+COMBINE = """
+import json, re, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from g4rt.plugins.triton_attention import _combine_kernel as fn
+sig = {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32", "out_ptr": "*bf16", "num_splits": "i32", "D": "constexpr",
+       "BLOCK_S": "constexpr", "PDL": "constexpr"}
+c = triton.compile(ASTSource(fn, sig, constexprs={"D": 256, "BLOCK_S": 8, "PDL": True}),
+                   target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+ptx = c.asm["ptx"]
+print(json.dumps({"trigger": ptx.find("griddepcontrol.launch_dependents"), "wait": ptx.find("griddepcontrol.wait"),
+                  "first_load": min(m.start() for m in re.finditer(r"ld\\.global", ptx))}))
+"""
+
+
+def test_the_combine_launch_lets_the_next_in_before_it_waits_and_reads_after():
+    """The merge of a split decode (the E2B's sliding layer: 8 splits at head dim 256) compiled for sm_90: the
+    trigger comes before the wait, so the o_proj after it copies its weights while the attention runs, and every
+    read of the partials after the wait."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    r = subprocess.run([sys.executable, "-c", COMBINE], capture_output=True, text=True, timeout=600, env=env)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert 0 <= got["trigger"] < got["wait"] < got["first_load"], got

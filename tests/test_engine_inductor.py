@@ -10,7 +10,8 @@ from fixtures import eager_and_compiled
 from g4rt.models.checkpoint import random_model
 from g4rt.models.layout import PageGeometry
 from g4rt.runtime.arena import Arena
-from g4rt.runtime.engines.inductor import DecodeInputs, _with_compiled_layers
+from g4rt.runtime.engines.eager import EagerEngine
+from g4rt.runtime.engines.inductor import DecodeInputs, InductorEngine, _with_compiled_layers
 from g4rt.runtime.pages import FramePool
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import Scheduler, SchedulerConfig
@@ -45,8 +46,8 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
     per-layer compiled step computes eager's bits: logits and every K/V element. This is what lets the
     H200 run demand identical greedy tokens. The E2B-like model adds the PLE blocks and KV-shared layers."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
-    from g4rt.plugins import triton_attention
-    if not triton_attention.interpreting():
+    from g4rt.plugins import launch
+    if not launch.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
     model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
     if packed:
@@ -56,6 +57,62 @@ def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
            f"{torch.equal(out, eager)}")
     assert torch.equal(out, eager)
     assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,scope", [("e2b", "layers"), ("31b", "layers"), ("e2b", "step")])
+def test_a_packed_decode_step_norms_writes_and_attends_in_the_attention_launch(name, scope, monkeypatch):
+    """A decode step of the E2B-like model (KV-shared layers) and the 31B-like one (k_eq_v full layers) with the plugin
+    kernels and packed q/k/v (as on CUDA): every layer's attention launch takes its projection (its q norms and RoPE,
+    and on cache-owning layers the KV write, inside it), and the step computes the bits of the same step whose layers
+    run the q/k/v norm kernel first, in the eager and the compiled engine (its layers' pieces, or the whole step
+    traced through the fused op): logits and arena. The fused launch is a decode cut over its keys; the tiny model's
+    few keys are cut in two here (a run may be one key, two runs at most)."""
+    pytest.importorskip("triton", reason="the triton extra is not installed")
+    from g4rt.models import paged
+    from g4rt.plugins import launch
+    from g4rt.plugins import triton_attention as ta
+    from g4rt.plugins import triton_kv_write as tkv
+    if not launch.interpreting():
+        pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
+    model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
+    model.pack_weights()
+    geometry = PageGeometry.build(model.layout, page_tokens=4)
+    sched = Scheduler(geometry, FramePool(32), SchedulerConfig(max_num_batched_tokens=64, chunk=64))
+    for prompt in (list(range(3, 40)), list(range(50, 61))):
+        sched.add(prompt, SamplingParams(max_new_tokens=3), ())
+    prefill = sched.schedule()
+    sched.commit(prefill, [7, 9])
+    decode = sched.schedule().batch
+    assert decode.num_tokens == 2 == decode.kv_lens.shape[0]
+    monkeypatch.setattr(ta, "SPLIT_MIN_ELEMS", 1)
+    monkeypatch.setattr(ta, "MAX_DECODE_SPLITS", 2)
+    launches = []
+    real = tkv.paged_attention  # the attention launches of kv_write_attention_ and projected_attention_
+    monkeypatch.setattr(tkv, "paged_attention", lambda *a, **kw: launches.append(kw.get("norms")) or real(*a, **kw))
+
+    def run(engine_of):
+        arena = Arena.for_geometry(geometry, 32)
+        engine = engine_of(arena)
+        engine.step(prefill.batch)
+        launches.clear()
+        with torch.inference_mode():
+            return engine.step(decode), arena.tensor.clone()
+
+    eager = run(lambda arena: EagerEngine(model, geometry, arena))
+    assert len(launches) == model.config.num_hidden_layers and all(n is not None for n in launches)
+    compiled = InductorEngine(model, geometry, 32, compile_mode="default", compile_scope=scope)
+    launches.clear()
+    with torch.inference_mode():
+        compiled.compiled(*prefill.batch.tensors())
+        out = compiled.compiled(*decode.tensors())
+    assert all(n is not None for n in launches[-model.config.num_hidden_layers:])
+    monkeypatch.setattr(paged.PagedStep, "attention_over", lambda self, arena, cu_q, kv_lens, *groups: (
+        paged.StepAttention(self, arena, cu_q, kv_lens, self._groups(kv_lens, *groups))))
+    unfused = run(lambda arena: EagerEngine(model, geometry, arena))
+    assert not any(n is not None for n in launches)
+    assert torch.equal(eager[0], unfused[0]) and torch.equal(eager[1], unfused[1])
+    assert torch.equal(out, eager[0]) and torch.equal(compiled.arena.tensor, eager[1])
 
 
 def test_layers_of_one_shape_share_compiled_graphs():

@@ -186,11 +186,12 @@ def test_launch_numbers_have_one_definition(monkeypatch):
     for d, dtype, group in [(256, "bfloat16", 2), (512, "bfloat16", 8), (512, "float32", 5), (64, "float16", 1)]:
         tiles = K.attention_tiles(d, dtype, group)
         consts = ta.launch_constexprs(tiles, num_q_heads=group, num_kv_heads=1, head_dim=d, page_size=16,
-                                      num_splits=1, fp32=dtype == "float32", copies=False)
+                                      num_splits=1, fp32=dtype == "float32", copies=False,
+                                      decode=False)
         assert (tiles["block_q"], tiles["group_pad"]) == (consts["BLOCK_Q"], consts["GP"])
     monkeypatch.setattr(ta, "query_block", lambda rows, group: 3)
     assert ta.launch_constexprs(tiles, num_q_heads=4, num_kv_heads=1, head_dim=64, page_size=16, num_splits=1,
-                                fp32=False, copies=False)["BLOCK_Q"] == 3
+                                fp32=False, copies=False, decode=False)["BLOCK_Q"] == 3
     blocks = []
     monkeypatch.setattr(tkw, "kv_write_block", lambda width: blocks.append(width) or 8)
     arena = torch.zeros(2, 64)

@@ -12,6 +12,7 @@ pytest.importorskip("triton", reason="the triton extra is not installed")
 
 import triton  # noqa: E402
 
+from g4rt.plugins import launch  # noqa: E402
 from g4rt.plugins import triton_gemv as tg  # noqa: E402
 
 
@@ -126,20 +127,21 @@ def test_skinny_linear_takes_the_kernel_for_few_rows_of_a_wide_split_or_small_we
 
 def test_the_plan_gives_every_sm_a_program_or_three_fifths_of_them():
     """gemv_plan on the H200's 132 SMs: 64 columns where they give every SM a program; a narrower weight
-    with K >= SPLIT_MIN_K keeps them and is cut over K into enough runs for every SM (at most MAX_SPLITS);
+    with K >= SPLIT_MIN_K keeps them and is cut over K into enough runs for SPLIT_PROGRAMS programs an SM (at
+    most MAX_SPLITS);
     a shorter one gets the widest tile whose blocks number at least 3/5 of the SMs (the E4B's 2,560 and 3,072
     columns: 32, the E2B's 1,536 and 2,048: 16); one narrower than any tile makes that (the PLE gates' 256
     columns, the router's 128) gets the 32-column tile cut over K from NARROW_SPLIT_MIN_K on."""
     cpu = torch.device("cpu")
     assert tg.gemv_plan(64 * 132, 5376, cpu) == (tg.MODEL_CONFIG, 1)
-    assert tg.gemv_plan(5376, 8192, cpu) == (tg.MODEL_CONFIG, 2)  # 84 blocks of 64
-    assert tg.gemv_plan(2560, 10240, cpu) == (tg.MODEL_CONFIG, 4) and tg.gemv_plan(1536, 6144, cpu)[1] == 6
+    assert tg.gemv_plan(5376, 8192, cpu) == (tg.MODEL_CONFIG, 4)  # 84 blocks of 64: 336 programs
+    assert tg.gemv_plan(2560, 10240, cpu) == (tg.MODEL_CONFIG, 7) and tg.gemv_plan(1536, 6144, cpu)[1] == 11
     assert tg.gemv_plan(256, 8192, cpu) == (tg.MODEL_CONFIG, tg.MAX_SPLITS)
     assert tg.gemv_plan(5120, 1536, cpu) == (tg.MODEL_CONFIG, 1)  # 80 blocks: 3/5 of 132
     assert tg.gemv_plan(2560, 2048, cpu) == (tg.NARROW_CONFIGS[0], 1) and tg.gemv_plan(3072, 2560, cpu)[0][0] == 32
     assert tg.gemv_plan(2048, 2560, cpu) == (tg.NARROW_CONFIGS[-1], 1) and tg.gemv_plan(1536, 256, cpu)[0][0] == 16
-    assert tg.gemv_plan(256, 2560, cpu) == (tg.NARROW_CONFIGS[0], 8) == tg.gemv_plan(256, 1536, cpu)
-    assert tg.gemv_plan(128, 2816, cpu) == (tg.NARROW_CONFIGS[0], 8)  # 4 blocks
+    assert tg.gemv_plan(256, 2560, cpu) == (tg.NARROW_CONFIGS[0], tg.MAX_SPLITS) == tg.gemv_plan(256, 1536, cpu)
+    assert tg.gemv_plan(128, 2816, cpu) == (tg.NARROW_CONFIGS[0], tg.MAX_SPLITS)  # 4 blocks
     assert tg.gemv_plan(256, 1024, cpu) == (tg.NARROW_CONFIGS[-1], 1)  # K below NARROW_SPLIT_MIN_K
 
 
@@ -344,7 +346,7 @@ def test_serving_rows_take_a_row_tile_of_their_own_and_split_the_same_way(rows):
         assert torch.equal(tg.gemv(x, w, config=(16, 32, 4, 2), splits=splits), out[:rows])
 
 
-@pytest.mark.skipif(tg.interpreting() or not torch.cuda.is_available(), reason="the compiled kernel: needs a CUDA GPU")
+@pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(), reason="the compiled kernel: needs a CUDA GPU")
 @pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("n,k", [(5376, 21504), (16384, 5376)])
 def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
@@ -389,7 +391,7 @@ def test_cublaslt_takes_long_k_weights_from_9_rows_to_128():
     assert torch.equal(tg.blas_linear(x, w), torch.nn.functional.linear(x, w))
 
 
-@pytest.mark.skipif(tg.interpreting() or not torch.cuda.is_available(), reason="cuBLASLt: needs a CUDA GPU")
+@pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(), reason="cuBLASLt: needs a CUDA GPU")
 @pytest.mark.parametrize("rows,n,k", [(64, 5376, 8192), (128, 5376, 21504), (128, 5376, 8192)])
 def test_blas_linear_on_the_gpu_sets_the_library_for_its_call_only(rows, n, k):
     """On fresh random bf16 inputs, within bf16 rounding of the fp64 product whichever library the rule names,

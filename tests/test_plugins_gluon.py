@@ -14,12 +14,13 @@ import torch
 triton = pytest.importorskip("triton", reason="the triton extra is not installed")
 
 from g4rt.plugins import gluon_attention as ga  # noqa: E402
+from g4rt.plugins import launch  # noqa: E402
 from g4rt.plugins import triton_attention as ta  # noqa: E402
 from fixtures import make_paged_batch  # noqa: E402
 from g4rt.plugins.reference import paged_attention_ref  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
-    ta.interpreting() or not torch.cuda.is_available() or not ta.hopper(torch.device("cuda")),
+    launch.interpreting() or not torch.cuda.is_available() or not launch.hopper(torch.device("cuda")),
     reason="the Gluon kernel runs on a Hopper GPU only (no interpreter); CI compiles it for sm_90 instead")
 
 # (q_lens, kv_lens, q heads, KV heads, page): partial last tiles (kv_len % 32 != 0), a sequence shorter than a

@@ -12,17 +12,19 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("triton", reason="the triton extra is not installed")
+triton = pytest.importorskip("triton", reason="the triton extra is not installed")
 
 from g4rt.plugins import gluon_gemv as gg  # noqa: E402
-from g4rt.plugins import triton_attention as ta  # noqa: E402
+from g4rt.plugins import launch  # noqa: E402
 from g4rt.plugins import triton_gemv as tg  # noqa: E402
 
-ON_HOPPER = not ta.interpreting() and torch.cuda.is_available() and ta.hopper(torch.device("cuda"))
+ON_HOPPER = not launch.interpreting() and torch.cuda.is_available() and launch.hopper(torch.device("cuda"))
 # [N, K] of the E4B's and E2B's projections the rule gives the kernel: sliding packed q/k/v, sliding o_proj, PLE
-# projection, KV-shared q_proj.
-SHAPES = [(3072, 2560), (2560, 2048), (2560, 256), (2048, 2560), (2560, 1536), (1536, 2048), (1536, 256)]
-SMS = ta.sm_count(torch.device("cpu"))  # an H200's, as the op counts them off CUDA
+# projection, KV-shared q_proj; the E4B's full q/k/v, full o_proj and KV-shared full q_proj; the E2B's down_proj
+# (8-row slices for K over 3,072).
+SHAPES = [(3072, 2560), (2560, 2048), (2560, 256), (2048, 2560), (2560, 1536), (1536, 2048), (1536, 256),
+          (6144, 2560), (2560, 4096), (4096, 2560), (1536, 6144)]
+SMS = launch.sm_count(torch.device("cpu"))  # an H200's, as the op counts them off CUDA
 
 
 def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
@@ -31,12 +33,13 @@ def test_the_rule_takes_one_bf16_row_against_a_small_weight_whose_slice_fits():
     assert not gg.copies_fit(2, 3072, 2560, bf16, SMS)  # a second row: the Triton kernel
     assert not any(gg.copies_fit(1, 3072, 2560, dtype, SMS) for dtype in (torch.float32, torch.float16))
     assert not gg.copies_fit(1, 3080, 2560, bf16, SMS) and not gg.copies_fit(1, 3072, 2600, bf16, SMS)  # partial boxes
-    assert not gg.copies_fit(1, 2560, 4096, bf16, SMS)  # the E4B's full o_proj: a 128 KB slice a program
-    assert not gg.copies_fit(1, 6144, 2560, bf16, SMS)  # the E4B's full q/k/v: 30 MiB, streamed
-    assert not gg.copies_fit(1, 2560, 10240, bf16, SMS) and not gg.copies_fit(1, 16, 0, bf16, SMS)
+    assert [gg.slice_rows(k) for k in (256, 3072, 3328, 6144, 6400)] == [16, 16, 8, 8, None]
+    assert not gg.copies_fit(1, 1536, 12288, bf16, SMS)  # the E2B's double-wide down_proj: a 192 KB 8-row slice
+    assert not gg.copies_fit(1, 2560, 10240, bf16, SMS) and not gg.copies_fit(1, 16, 0, bf16, SMS)  # E4B down_proj
+    assert not gg.copies_fit(1, 12288, 2560, bf16, SMS)  # 60 MiB: streamed
     assert not gg.copies_fit(1, 128, 2816, bf16, SMS)  # the 26B-A4B's router: 8 programs
-    assert gg.kernel_fits(1, 128, 2816, bf16) and gg.kernel_fits(1, 6144, 2560, bf16)  # runs, not the op's choice
-    assert not gg.kernel_fits(1, 2560, 4096, bf16) and not gg.kernel_fits(2, 3072, 2560, bf16)
+    assert gg.kernel_fits(1, 128, 2816, bf16) and gg.kernel_fits(1, 12288, 2560, bf16)  # runs, not the op's choice
+    assert not gg.kernel_fits(1, 1540, 6144, bf16) and not gg.kernel_fits(2, 3072, 2560, bf16)  # 8-row slices
     assert gg.copies_fit(1, 1056, 2816, bf16, SMS) and not gg.copies_fit(1, 1056, 2816, bf16, sms=133)  # 66 programs
 
 
@@ -55,12 +58,12 @@ import json, re, sys, triton
 from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource
 from triton.experimental.gluon import language as gl
-from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, BLOCK_N, GATE_WARPS, NUM_WARPS
+from g4rt.plugins.gluon_gemv import _copied_gemv_kernel as fn, BLOCK_K, GATE_WARPS, NUM_WARPS, W_LAYOUTS, slice_rows
 k, norm, gelu = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3] == "1"
-layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, BLOCK_K], gl.bfloat16)
+bn = slice_rows(k)
 sig = {a: "*bf16" for a in fn.arg_names}
-sig.update(w_desc=f"tensordesc<bf16[{BLOCK_N}, {BLOCK_K}],{layout!r}>", eps="fp32", K="i32")
-const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=BLOCK_N, BK=BLOCK_K, NORM=norm,
+sig.update(w_desc=f"tensordesc<bf16[{bn}, {BLOCK_K}],{W_LAYOUTS[bn]!r}>", eps="fp32", K="i32")
+const = dict(NT=k // BLOCK_K, XP=triton.next_power_of_2(k // BLOCK_K), BN=bn, BK=BLOCK_K, NORM=norm,
              HAS_SCALE=norm == 2, GELU=gelu, NUM_WARPS=GATE_WARPS if gelu else NUM_WARPS)
 sig.update({a: "constexpr" for a in const})
 c = triton.compile(GluonASTSource(fn, sig, constexprs=const), target=GPUTarget("cuda", 90, 32),
@@ -77,11 +80,12 @@ print(json.dumps({"shared": c.metadata.shared, "waits": len(waits), "copies": le
 """
 
 
-@pytest.mark.parametrize("k, norm, gelu", [(256, 0, False), (2560, 0, False), (2560, 2, False), (2560, 1, True)])
+@pytest.mark.parametrize("k, norm, gelu", [(256, 0, False), (2560, 0, False), (6144, 0, False), (2560, 2, False),
+                                           (2560, 1, True)])
 def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_after(k, norm, gelu):
     """A subprocess without TRITON_INTERPRET: the slice's K / BLOCK_K copies are all asked before the program waits
     for the kernel before it, the next launch is let in after them and before the wait, and the shared memory is
-    the slice and x within SLICE_BYTES and 8 KB. Without the residual step nothing is read before the wait; with it
+    the slice (16 rows, 8 for K 6,144) within SLICE_BYTES, and x. Without the residual step nothing is read before the wait; with it
     (NORM 2, the layer's tail), the norms' weights and the layer scalar are (nothing writes them), x and the
     residual after it, as many loads as the two weights; the PLE gate's step (NORM 1, GELU) reads its one weight
     before, and x, the residual and the GELU's other factor after."""
@@ -92,7 +96,8 @@ def test_the_kernel_compiles_for_sm_90_with_its_copies_before_the_wait_and_x_aft
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["waits"] == 1 and got["copies"] == got["copies_before"] == k // gg.BLOCK_K
     assert got["triggers"] == 1 and got["trigger_after_copies"]
-    assert gg.BLOCK_N * k * 2 <= got["shared"] <= gg.SLICE_BYTES + (8 << 10)
+    x_bytes = triton.next_power_of_2(k // gg.BLOCK_K) * gg.BLOCK_K * 2
+    assert gg.slice_rows(k) * k * 2 + x_bytes <= got["shared"] <= gg.SLICE_BYTES + x_bytes + 1024
     if norm == 2:
         assert got["loads_before"] == got["loads_after"] + 1  # the two weights and the scalar; x and the residual
     elif norm == 1:

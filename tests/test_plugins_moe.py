@@ -283,8 +283,8 @@ def test_compiled_26b_step_is_bit_equal_with_plugin_kernels(report):
     from fixtures import eager_and_compiled
 
     from g4rt.models.checkpoint import random_model
-    from g4rt.plugins import triton_attention
-    if not triton_attention.interpreting():
+    from g4rt.plugins import launch
+    if not launch.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
     model = random_model(tiny_config("26b", dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
     eager, eager_arena, out, compiled = eager_and_compiled(model, "layers")

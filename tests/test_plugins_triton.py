@@ -17,13 +17,13 @@ import torch
 
 triton = pytest.importorskip("triton", reason="the triton extra is not installed")
 
-from g4rt.plugins import ops, window_left  # noqa: E402
+from g4rt.plugins import launch, ops, window_left  # noqa: E402
 from g4rt.plugins import triton_attention as ta  # noqa: E402
 from g4rt.plugins import triton_kv_write as tkv  # noqa: E402
 from fixtures import make_paged_batch  # noqa: E402
 from g4rt.plugins.reference import kv_write_ref, paged_attention_ref  # noqa: E402
 
-if not ta.interpreting():
+if not launch.interpreting():
     pytest.fail("TRITON_INTERPRET=1 must be set before triton is imported (CPU has no GPU kernels)",
                 pytrace=False)
 
@@ -212,6 +212,144 @@ def test_kv_write_matches_reference(dtype):
     assert torch.equal(got, want)
 
 
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype,wl", [(torch.float32, -1), (torch.bfloat16, window_left(24))])
+def test_a_decode_launch_writes_the_step_rows_itself(splits, dtype, wl):
+    """A decode's attention launch with `write` stores the step's K/V rows before it reads them: the same bits in
+    the output and the arena as kv_write_ then paged_attention. The own keys' rows start as NaN, so a kernel
+    that read one before writing it would give a NaN row; a slot of -1 (a padded graph row) writes nothing and
+    reads what the arena holds, in both."""
+    batch = batch_of([1, 1, 1, 1], [40, 9, 61, 16], 4, 2, 32, 16, wl=wl, resident=wl >= 0, dtype=dtype, seed=23)
+    slots = batch.own_slots()
+    slots[2] = -1
+    g = torch.Generator().manual_seed(24)
+    k, v = (torch.randn(4, 2, 32, generator=g).to(dtype) for _ in range(2))
+    arena = batch.poisoned_arena()
+    for s in slots[slots >= 0].tolist():  # the rows the step writes start as NaN
+        f, r = divmod(s, batch.page_size)
+        for off in (batch.k_offset, batch.v_offset):
+            arena[f, off + r * 64: off + (r + 1) * 64] = float("nan")
+    two = arena.clone()
+    tkv.kv_write_(two, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
+    args = list(batch.args())
+    args[1] = two
+    want = ta.paged_attention(*args, num_splits=splits)
+    one = arena.clone()
+    args[1] = one
+    out = torch.full_like(batch.q, float("nan"))
+    got = ta.paged_attention(*args, num_splits=splits, out=out, write=(k, v, slots))
+    assert torch.isfinite(got[[0, 1, 3]]).all()
+    assert torch.equal(_bits(got), _bits(want)) and torch.equal(_bits(one), _bits(two))
+    with pytest.raises(ValueError, match="write: only a decode launch"):
+        ta.paged_attention(*args, decode=False, write=(k, v, slots))
+
+
+def test_the_write_attention_op_is_the_two_ops():
+    """`g4rt::kv_write_attention_` with the Triton kernels (one launch at decode, two otherwise) and with the
+    reference: the arena and output kv_write_ and paged_attention give."""
+    for q_lens, kv_lens in (([1, 1], [33, 70]), ([1, 5, 2], [33, 5, 70])):
+        batch = batch_of(q_lens, kv_lens, 4, 2, 16, 16, wl=window_left(20), resident=True, seed=29)
+        T = sum(q_lens)
+        g = torch.Generator().manual_seed(30)
+        k, v = torch.randn(T, 2, 16, generator=g), torch.randn(T, 2, 16, generator=g)
+        slots = torch.full((T,), -1, dtype=torch.int32)
+        last = batch.cu_q[1:].long() - 1
+        slots[last] = batch.own_slots()  # each sequence's last query writes its key; the others nothing
+        offs = (batch.k_offset, batch.v_offset, batch.page_size)
+        want_arena = batch.arena.clone()
+        ops.kv_write_(want_arena, k, v, slots, *offs, kernels="triton")
+        args = list(batch.args())
+        args[1] = want_arena
+        want = ops.paged_attention(*args, kernels="triton")
+        for kernels in ("triton", "reference"):
+            arena = batch.arena.clone()
+            got = torch.ops.g4rt.kv_write_attention_(arena, k, v, slots, batch.q, *batch.args()[2:], kernels)
+            tol = 0 if kernels == "triton" else 2e-5
+            torch.testing.assert_close(got, want, atol=tol, rtol=tol)
+            torch.testing.assert_close(arena, want_arena, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("frame_pad", [5, 0])  # 0 with fp32: the early tile (rows on the line grid) runs too
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("dtype,heads", [(torch.float32, "kv"), (torch.bfloat16, "k_eq_v"), (torch.bfloat16, "q")])
+def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads, frame_pad):
+    """A decode's attention launch from a layer's packed projection (`norms`) gives the bits of the q/k/v norm
+    kernel, kv_write_ and paged_attention: the output, and the arena where the layer owns a cache ("kv", "k_eq_v";
+    "q": a KV-shared layer, which writes nothing). The own rows start as NaN; a -1 slot writes nothing."""
+    from g4rt.plugins import triton_norm as tn
+    hq, hkv, D = 4, 2, 32
+    batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31,
+                     frame_pad=frame_pad)
+    slots = batch.own_slots()
+    slots[1] = -1
+    g = torch.Generator().manual_seed(32)
+    rand = lambda *shape: torch.randn(*shape, generator=g).to(dtype)  # noqa: E731
+    width = (hq if heads == "q" else hq + (1 if heads == "k_eq_v" else 2) * hkv) * D
+    y = rand(3, width + 8)[:, :width]  # row stride past the width, as a packed projection's view may have
+    qw, kw = rand(D) + 1, None if heads == "q" else rand(D) + 1
+    cos, sin = rand(3, D), rand(3, D)
+    arena = batch.poisoned_arena()
+    for s in slots[slots >= 0].tolist() if kw is not None else ():  # a KV-shared layer reads rows written before
+        f, r = divmod(s, batch.page_size)
+        for off in (batch.k_offset, batch.v_offset):
+            arena[f, off + r * hkv * D: off + (r + 1) * hkv * D] = float("nan")
+    args = list(batch.args())
+    three = arena.clone()
+    args[1] = three
+    if kw is None:
+        want = ta.paged_attention(tn.q_norm_rope(y, qw, 1e-6, cos, sin), *args[1:], num_splits=splits)
+    else:
+        q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, hq, hkv, heads == "k_eq_v")
+        tkv.kv_write_(three, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
+        want = ta.paged_attention(q, *args[1:], num_splits=splits)
+    one = arena.clone()
+    args[1] = one
+    norms = ta.Norms(qw, kw, 1e-6, cos, sin, hq, heads == "k_eq_v")
+    got = ta.paged_attention(y, *args[1:], num_splits=splits, norms=norms,
+                             write=None if kw is None else (None, None, slots))
+    assert torch.isfinite(got[[0, 2]]).all()
+    assert torch.equal(_bits(got), _bits(want)) and torch.equal(_bits(one), _bits(three))
+    with pytest.raises(ValueError, match="only a decode launch"):
+        ta.paged_attention(y, *args[1:], decode=False, norms=norms, write=None if kw is None else (None, None, slots))
+    with pytest.raises(ValueError, match="norms: write must be"):
+        ta.paged_attention(y, *args[1:], norms=norms, write=(None, None, slots) if kw is None else None)
+
+
+@pytest.mark.parametrize("D, kv_lens, q_lens, fused", [(256, [70, 100], [1, 1], True), (16, [33, 70], [1, 1], False),
+                                                     (16, [33, 5, 70], [1, 5, 2], False)])
+def test_the_projected_attention_op_is_the_norms_then_the_write_attention(monkeypatch, D, kv_lens, q_lens, fused):
+    """`g4rt::projected_attention_`: the arena and output of the three kernels (the norm kernel, kv_write_,
+    paged_attention), in one launch for a decode cut over its keys (head dim 256, 128 keys a table: two runs), as
+    the norm kernel and the writing attention launch for a decode of one run a head, and as the three for a mixed
+    step."""
+    from g4rt.plugins import triton_norm as tn
+    batch = batch_of(q_lens, kv_lens, 4, 2, D, 16, wl=window_left(200), resident=True, seed=37)
+    assert (ta.step_splits(len(kv_lens), batch.page_table, 16, batch.window_left, 2, D) > 1) == fused
+    T = sum(q_lens)
+    g = torch.Generator().manual_seed(38)
+    y, qw, kw = torch.randn(T, 8 * D, generator=g), torch.randn(D, generator=g), torch.randn(D, generator=g)
+    cos, sin = torch.randn(T, D, generator=g), torch.randn(T, D, generator=g)
+    slots = torch.full((T,), -1, dtype=torch.int32)
+    slots[batch.cu_q[1:].long() - 1] = batch.own_slots()
+    offs = (batch.k_offset, batch.v_offset, batch.page_size)
+    q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, 4, 2, False)
+    want_arena = batch.arena.clone()
+    tkv.kv_write_(want_arena, k, v, slots, *offs)
+    want = ta.paged_attention(q, want_arena, *batch.args()[2:])
+    launches = []
+    real = tkv.paged_attention
+    monkeypatch.setattr(tkv, "paged_attention", lambda *a, **kw: launches.append(kw.get("norms")) or real(*a, **kw))
+    arena = batch.arena.clone()
+    got = torch.ops.g4rt.projected_attention_(arena, y, qw, kw, 1e-6, cos, sin, 4, False, slots,
+                                              *batch.args()[2:6], *offs, 2, batch.window_left, batch.scale)
+    assert torch.equal(got, want) and torch.equal(arena, want_arena)
+    assert [n is not None for n in launches] == [fused]
+
+
 def test_ops_with_triton_kernels(monkeypatch):
     """kernels="triton" sends CPU tensors through the op to the kernels (under the interpreter)."""
     calls = []
@@ -238,7 +376,7 @@ def test_no_dependent_launch_off_hopper():
     never under the interpreter (no grid dependency control there); the kernels then take the plain
     launch, as every test here runs them."""
     cpu = torch.device("cpu")
-    assert ta.interpreting() and not ta.pdl(cpu) and ta.pdl_launch(cpu) == {"PDL": False, "launch_pdl": False}
+    assert launch.interpreting() and not launch.pdl(cpu) and launch.pdl_launch(cpu) == {"PDL": False, "launch_pdl": False}
 
 
 def test_which_launches_take_the_gluon_kernel():
@@ -313,6 +451,33 @@ def test_prefill_interior_tiles_by_tensor_memory_copies(monkeypatch, dv_split):
     check(batch_of([40, 1], [100, 64], 4, 2, 64, 32, wl=29, resident=True, seed=3, frame_pad=8),
           config={**config, "tma": True})
     assert taken == []  # a window: never asked
+
+
+def test_the_early_tile_only_where_a_key_row_is_whole_cache_lines():
+    """A decode takes the early tile (its first K tile read before its wait) where a key's row of the arena is
+    whole 128-byte lines: every Gemma 4 head dim (256, 512) in bf16; not at head dim 32 in bf16, nor a prefill."""
+    def early(d, fp32=False, decode=True):
+        cfg = ta.default_config(d, decode, 4 if fp32 else 2)
+        return ta.launch_constexprs(cfg, num_q_heads=8, num_kv_heads=2, head_dim=d, page_size=16, num_splits=2,
+                                    fp32=fp32, copies=False, decode=decode)["EARLY"]
+    assert early(256) and early(512) and early(64) and early(32, fp32=True)
+    assert not early(32) and not early(16, fp32=True) and not early(256, decode=False)
+    # an arena off the 128-byte grid (a hand-made one: the tests' fixtures pad the frame to an odd stride) never
+    assert ta.early_rows(256, 2, 8192, 12288, 16384) and not ta.early_rows(256, 2, 8192, 12288, 16389)
+    assert not ta.early_rows(256, 2, 8200, 12288, 16384) and not ta.early_rows(256, 2, 8192, 12290, 16384)
+
+
+@pytest.mark.parametrize("frame_pad, early", [(0, True), (5, False)])
+def test_an_arena_on_the_line_grid_decodes_through_the_early_tile(monkeypatch, frame_pad, early):
+    """The early tile runs (and matches the reference, poisoned arena) where the arena's offsets and frame stride are
+    whole 128-byte lines; a frame padded off that grid takes the plain loop (the GPU's bulk L2 request for V
+    would fault on such an address, and the L1 argument would not hold)."""
+    seen = []
+    real = ta.launch_constexprs
+    monkeypatch.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=frame_pad),
+          decode=True, num_splits=2)
+    assert [c["EARLY"] for c in seen] == [early]
 
 
 @pytest.mark.parametrize("name", ["arena", "page_table"])

@@ -1,0 +1,73 @@
+"""The decode launch that norms, ropes and writes itself (`paged_attention(norms=...)`), compiled for a Hopper GPU at
+the models' shapes, against the three launches it replaces: the q/k/v norm kernel, kv_write_ and paged_attention.
+On CPU the interpreter runs these paths bit for bit (tests/test_plugins_triton.py); compiled, the fused norm sums in
+another order than the norm kernel's, so q and the written rows may differ by a bf16 ulp, and the output by its
+rounding. Skipped off Hopper (the GPU session runs it)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the triton extra is not installed")
+
+from fixtures import make_paged_batch  # noqa: E402
+from g4rt.plugins import launch, window_left  # noqa: E402
+from g4rt.plugins import triton_attention as ta  # noqa: E402
+from g4rt.plugins import triton_kv_write as tkv  # noqa: E402
+from g4rt.plugins import triton_norm as tn  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    launch.interpreting() or not torch.cuda.is_available() or not launch.hopper(torch.device("cuda")),
+    reason="the compiled kernels on a Hopper GPU (the interpreter's run of them: tests/test_plugins_triton.py)")
+
+# (name, q heads, KV heads, head dim, page, window, batch, context, k_eq_v, owns a cache)
+CASES = [("e2b sliding", 8, 1, 256, 16, 512, 1, 300, False, True),
+         ("e2b kv-shared sliding", 8, 1, 256, 16, 512, 1, 300, False, False),
+         ("e2b full", 8, 1, 512, 16, None, 1, 300, False, True),
+         ("31b sliding b16", 32, 16, 256, 16, 1024, 16, 700, False, True),
+         ("31b sliding b64", 32, 16, 256, 16, 1024, 64, 200, False, True),  # the one-warp tile
+         ("31b full b8", 32, 4, 512, 160, None, 8, 900, True, True)]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_the_fused_decode_launch_against_the_three_it_replaces(case):
+    _, hq, hkv, D, page, window, B, context, k_eq_v, owns = case
+    wl = -1 if window is None else window_left(window)
+    g = torch.Generator().manual_seed(hash(case[0]) % 1000)
+    kv_lens = (context + torch.randint(-20, 20, (B,), generator=g)).tolist()
+    batch = make_paged_batch([1] * B, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
+                             window_left=wl, resident_only=wl >= 0, dtype=torch.bfloat16, device="cuda", seed=B,
+                             scale=1.0)
+    slots = batch.own_slots()
+    pos = batch.kv_lens.long() - 1
+    heads = hq + ((1 if k_eq_v else 2) * hkv if owns else 0)
+    dev = dict(device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(B, heads * D, **dev) * 3
+    # q's weight small: scores of a few units, so a q element an ulp off moves the output by far less than the
+    # tolerance (at Gemma's scale 1.0 and unit weights a score is ~16 and an ulp of q moves it ~0.01)
+    qw = 0.1 * (1 + 0.2 * torch.randn(D, **dev))
+    kw = 1 + 0.2 * torch.randn(D, **dev) if owns else None
+    angle = pos[:, None].float() * torch.logspace(0, -4, D // 2, device="cuda")[None, :]
+    cos, sin = torch.cat([angle.cos()] * 2, -1).to(torch.bfloat16), torch.cat([angle.sin()] * 2, -1).to(torch.bfloat16)
+    arena = batch.arena.clone()
+    if owns:  # the rows the step writes start as NaN
+        f, r = (slots // page).long(), (slots % page).long()
+        for off in (batch.k_offset, batch.v_offset):
+            cols = off + r[:, None] * hkv * D + torch.arange(hkv * D, device="cuda")[None, :]
+            arena[f[:, None], cols] = float("nan")
+    rest = batch.args()[2:]
+    three = arena.clone()
+    if owns:
+        q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, hq, hkv, k_eq_v)
+        tkv.kv_write_(three, k, v, slots, batch.k_offset, batch.v_offset, page)
+    else:
+        q = tn.q_norm_rope(y, qw, 1e-6, cos, sin)
+    want = ta.paged_attention(q, three, *rest)
+    one = arena.clone()
+    out = torch.full((B, hq, D), float("nan"), **dev)
+    got = ta.paged_attention(y, one, *rest, out=out, norms=ta.Norms(qw, kw, 1e-6, cos, sin, hq, k_eq_v),
+                             write=(None, None, slots) if owns else None)
+    assert torch.isfinite(got).all() and torch.isfinite(one).all()
+    torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
+    # the written rows within a bf16 ulp of the norm kernel's, every other element untouched
+    assert ((one.float() - three.float()).abs() <= 2 ** -7 * three.float().abs()).all()
