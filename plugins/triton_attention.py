@@ -283,8 +283,7 @@ def _paged_attn_kernel(
 
     if not SPLIT:
         out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # a row that saw no key yields zeros
-        tl.store(out_ptr + q_row[:, None] * D + dv[None, :], out.to(out_ptr.dtype.element_ty),
-                 mask=row_ok[:, None])
+        tl.store(out_ptr + q_row[:, None] * D + dv[None, :], out.to(dtype), mask=row_ok[:, None])
     else:
         ws_row = q_row * num_splits + split
         tl.store(ws_acc_ptr + ws_row[:, None] * D + dv[None, :], acc, mask=row_ok[:, None])

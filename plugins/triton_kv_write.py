@@ -98,16 +98,8 @@ def projected_attention_(arena: torch.Tensor, y: torch.Tensor, q_weight: torch.T
     return kv_write_attention_(arena, k, v, slots, q, *rest)
 
 
-@torch.library.custom_op("g4rt::projected_attention_", mutates_args=("arena",))
-def _projected_attention_op(arena: torch.Tensor, y: torch.Tensor, q_weight: torch.Tensor,
-                            k_weight: torch.Tensor | None, eps: float, cos: torch.Tensor, sin: torch.Tensor,
-                            num_q_heads: int, k_eq_v: bool, slots: torch.Tensor, cu_q: torch.Tensor,
-                            kv_lens: torch.Tensor, page_table: torch.Tensor, first_page: torch.Tensor, k_offset: int,
-                            v_offset: int, page_size: int, num_kv_heads: int, window_left: int,
-                            scale: float) -> torch.Tensor:
-    return projected_attention_(arena, y, q_weight, k_weight, eps, cos, sin, num_q_heads, k_eq_v, slots, cu_q,
-                                kv_lens, page_table, first_page, k_offset, v_offset, page_size, num_kv_heads,
-                                window_left, scale)
+_projected_attention_op = torch.library.custom_op("g4rt::projected_attention_", projected_attention_,
+                                                 mutates_args=("arena",))
 
 
 @_projected_attention_op.register_fake

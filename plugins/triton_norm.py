@@ -178,16 +178,13 @@ def _qkv_norm_rope_kernel(qkv_ptr, qw_ptr, kw_ptr, cos_ptr, sin_ptr, q_ptr, k_pt
     j = tl.program_id(1)  # q heads, then k heads, then v heads
     c, c2 = tl.arange(0, D), tl.arange(0, D // 2)
     m = ok[:, None]
-    if j < HQ:
-        lo, hi = norm_rope(qkv_ptr, t * stride_token + j * D, t, ok, qw_ptr, cos_ptr, sin_ptr, eps, D,
+    if j < HQ + HKV:  # a q or k head: its norm weight and its output row
+        if j < HQ:
+            w_ptr, at = qw_ptr, q_ptr + t[:, None] * (HQ * D) + j * D + c2[None, :]
+        else:
+            w_ptr, at = kw_ptr, k_ptr + t[:, None] * (HKV * D) + (j - HQ) * D + c2[None, :]
+        lo, hi = norm_rope(qkv_ptr, t * stride_token + j * D, t, ok, w_ptr, cos_ptr, sin_ptr, eps, D,
                            q_ptr.dtype.element_ty)
-        at = q_ptr + t[:, None] * (HQ * D) + j * D + c2[None, :]
-        tl.store(at, lo, mask=m)
-        tl.store(at + D // 2, hi, mask=m)
-    elif j < HQ + HKV:
-        lo, hi = norm_rope(qkv_ptr, t * stride_token + j * D, t, ok, kw_ptr, cos_ptr, sin_ptr, eps, D,
-                           k_ptr.dtype.element_ty)
-        at = k_ptr + t[:, None] * (HKV * D) + (j - HQ) * D + c2[None, :]
         tl.store(at, lo, mask=m)
         tl.store(at + D // 2, hi, mask=m)
     else:
