@@ -49,11 +49,12 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 # gained nothing (export/results/README.md, "A split over K for the skinny matmul").
 SPLIT_MIN_K = 4096
 MAX_SPLITS = 16
-# A cut over K fills one wave of at most SPLIT_PROGRAMS programs an SM and no more: on the H200 at batch 1, 3 an SM
-# (the E2B's down_proj [1,536 x 6,144] cut in 16, 384 programs; the E4B's [2,560 x 10,240] in 10, 400) took the
-# E2B's step 1.96 ms against 2.00 and the E4B's 3.45 against 3.50 with 2 an SM (11 and 7 runs), but the 31B's
-# o_proj and down_proj in 5 runs (84 column blocks: 420 programs, a tail past the 396 of one wave) 6.1 ms over 120
-# launches against 5.1 in 4 runs (export/results/README.md, "Three programs an SM for a cut over K").
+# A cut over K takes the most runs that keep its programs within SPLIT_PROGRAMS an SM (gemv_plan). On the H200 at
+# batch 1, 3 an SM rounded up made the E2B's step 1.96 ms against 2.00 (its down_proj [1,536 x 6,144], 24 column
+# blocks, cut in 16 runs, not 11) and the E4B's 3.45 against 3.50 (its [2,560 x 10,240] in 10, not 7), but the
+# 31B's o_proj and down_proj (84 blocks) in 5 runs, not 4, took 50.9 us a launch against 42.4 (15.6 -> 16.6 ms a
+# step); rounded down the 31B keeps 4 and the E2B 16, the E4B takes 9 (export/results/README.md, "three programs
+# an SM for a cut over K").
 SPLIT_PROGRAMS = 3
 # A weight so narrow that even the narrowest tile gives fewer than 3/5 of the SMs a program (the PLE gates'
 # 256 columns, the MoE router's 128) takes the widest narrow tile cut over K from this K on: the E4B's PLE
@@ -298,13 +299,13 @@ def gemv_plan(n: int, k: int, device: torch.device,
     """The op's (tile, splits over K) for a weight [n, k]: MODEL_CONFIG where its column blocks give every SM
     a program (PACKED_GELU_CONFIG for a packed gate/up with the GELU epilogue, `packed_gelu`, and K of at
     least PACKED_GELU_MIN_K); for a narrower weight with K of at least SPLIT_MIN_K, MODEL_CONFIG with K cut
-    into as many runs (at most MAX_SPLITS) as one wave of SPLIT_PROGRAMS programs an SM holds; else the widest tile of MODEL_CONFIG
-    and NARROW_CONFIGS (64, 32 or 16 columns) whose column blocks give 3/5 of the SMs a program; else, with K of
-    at least NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way; else the narrowest (the most
-    programs). The stages never change the order of the sums."""
+    into the most runs (at most MAX_SPLITS) that keep its programs within SPLIT_PROGRAMS an SM; else the widest
+    tile of MODEL_CONFIG and NARROW_CONFIGS (64, 32 or 16 columns) whose column blocks give 3/5 of the SMs a
+    program; else, with K of at least NARROW_SPLIT_MIN_K, the widest narrow tile cut over K the same way; else
+    the narrowest (the most programs). The stages never change the order of the sums."""
     sms = sm_count(device)
 
-    def cut(config):  # config's column blocks, K cut into as many runs as one wave of SPLIT_PROGRAMS an SM holds
+    def cut(config):  # config's column blocks, K cut into the most runs that keep SPLIT_PROGRAMS programs an SM
         return config, min(MAX_SPLITS, SPLIT_PROGRAMS * sms // triton.cdiv(n, config[0]))
 
     if triton.cdiv(n, MODEL_CONFIG[0]) >= sms:

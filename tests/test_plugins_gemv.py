@@ -127,14 +127,14 @@ def test_skinny_linear_takes_the_kernel_for_few_rows_of_a_wide_split_or_small_we
 
 def test_the_plan_gives_every_sm_a_program_or_three_fifths_of_them():
     """gemv_plan on the H200's 132 SMs: 64 columns where they give every SM a program; a narrower weight
-    with K >= SPLIT_MIN_K keeps them and is cut over K into as many runs as one wave of SPLIT_PROGRAMS programs
-    an SM holds (at most MAX_SPLITS: never a tail wave);
+    with K >= SPLIT_MIN_K keeps them and is cut over K into the most runs that keep its programs within
+    SPLIT_PROGRAMS an SM (at most MAX_SPLITS);
     a shorter one gets the widest tile whose blocks number at least 3/5 of the SMs (the E4B's 2,560 and 3,072
     columns: 32, the E2B's 1,536 and 2,048: 16); one narrower than any tile makes that (the PLE gates' 256
     columns, the router's 128) gets the 32-column tile cut over K from NARROW_SPLIT_MIN_K on."""
     cpu = torch.device("cpu")
     assert tg.gemv_plan(64 * 132, 5376, cpu) == (tg.MODEL_CONFIG, 1)
-    assert tg.gemv_plan(5376, 8192, cpu) == (tg.MODEL_CONFIG, 4)  # 84 blocks of 64: 336 programs, 420 a tail
+    assert tg.gemv_plan(5376, 8192, cpu) == (tg.MODEL_CONFIG, 4)  # 84 blocks: 336 programs (5 runs measured slower)
     assert tg.gemv_plan(2560, 10240, cpu) == (tg.MODEL_CONFIG, 9)  # 40 blocks: 360 programs of 396
     assert tg.gemv_plan(1536, 6144, cpu) == (tg.MODEL_CONFIG, tg.MAX_SPLITS)  # 24 blocks: 384
     assert tg.gemv_plan(256, 8192, cpu) == (tg.MODEL_CONFIG, tg.MAX_SPLITS)
