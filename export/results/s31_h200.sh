@@ -16,8 +16,10 @@
 # Arms: new = this checkout, any other A = ab/A, a `git archive` of another tree:
 #   old     = main before session 34's merge of next/early-combine (2ab16cf): the decode's norms, KV write and
 #             attention as three launches, the combine waiting before it lets the o_proj in
-#   sp3     = next/split3 (merged with main in session 34): a cut over K aims for three programs an SM (the E2B's
-#             double-wide down_proj in 16 runs instead of 11; the 31B's o_proj and down_proj in 5 instead of 4)
+#   sp3     = next/split3 (main at 97aa10c with SPLIT_PROGRAMS 3, rounded up): the E2B's double-wide down_proj in 16
+#             runs instead of 11, the E4B's in 10 instead of 7, the 31B's o_proj and down_proj in 5 instead of 4
+#             (session 35: the small models gained, the 31B lost 6 %; not merged)
+#   pre     = main before `next/wave3` (97aa10c)
 #   allnorm, ec = next/all-norm, next/early-combine (in main since session 34, 5ce4264)
 #   fold, l2, balance, regs, ring = session 32's stack and the ring (each lost: export/results/README.md)
 # The calls of session 31 (export/results/README.md, "The 31B on `next/all-norm`"; allnorm at d3aa09b, ring at 1499742):
@@ -27,15 +29,14 @@
 #   3  STEPS=64,128,256 STEPS_CAP=100 ARMS="new allnorm new allnorm new allnorm" bash export/results/s31_h200.sh steps 590
 #   4  STEPS=128 STEPS_CAP=70 ARMS="write norm new write norm new" bash export/results/s31_h200.sh steps 330
 #      (write = next/decode-write, norm = next/decode-norm)
-# Sessions 33 and 34's (an H100, `kind` nvidia-h100-x1; the H200 refused): the results README's sections name them.
-# The next calls. First the 31B's serving batches on main against the tree before the merge (an H200: batch 128
-# and 256 do not fit an H100's 80 GB, so `needs_h200`), then sp3 at batch 1 (fits an H100; arms compare within a
-# call):
-#   STEPS=64,128,256 STEPS_CAP=100 ARMS="new old new old new old" bash export/results/s31_h200.sh steps 590
-#   GPU_TESTS="sp3:tests/test_plugins_gemv.py,tests/test_plugins_gluon_gemv.py" MODELS="e2b 31b" B1_CAP=60 \
-#     ARMS="new sp3 new sp3 new sp3" bash export/results/s31_h200.sh b1 585
+# Sessions 33-35's: the results README's sections name them (session 35: an H200, `needs_h200`, arms `new` = main
+# 97aa10c, `old` = 2ab16cf, `sp3` = next/split3; the calls are in its section).
+# The next call: `next/wave3` (in main since session 35: the cut over K rounded down from three programs an SM) on
+# the E4B (its down_proj and full layers' o_proj now in 9 runs) and the 26B-A4B (its o_proj in 9) against main
+# before it (97aa10c; an H100 will do, arms compare within a call):
+#   MODELS="e4b 26b-a4b" B1_CAP=75 ARMS="pre new pre new pre new" bash export/results/s31_h200.sh b1 585
 #
-#     for a in old:2ab16cf sp3:next/split3; do git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
+#     for a in pre:97aa10c; do git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 PART=${1:?PART: b1 or steps}
 BUDGET=${2:-570}
