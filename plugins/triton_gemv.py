@@ -50,7 +50,7 @@ NARROW_CONFIGS = ((32, 256, 4, 4), (16, 512, 4, 3))
 SPLIT_MIN_K = 4096
 MAX_SPLITS = 16
 # A cut over K takes the most runs that keep its programs within SPLIT_PROGRAMS an SM (gemv_plan). On the H200 at
-# batch 1, 3 an SM rounded up made the E2B's step 1.96 ms against 2.00 (its down_proj [1,536 x 6,144], 24 column
+# batch 1, 3 an SM rounded up made the E2B's step 1.96 ms against 2.00 (its down_proj [1,536 x 12,288], 24 column
 # blocks, cut in 16 runs, not 11) and the E4B's 3.45 against 3.50 (its [2,560 x 10,240] in 10, not 7), but the
 # 31B's o_proj and down_proj (84 blocks) in 5 runs, not 4, took 50.9 us a launch against 42.4 (15.6 -> 16.6 ms a
 # step); rounded down the 31B keeps 4 and the E2B 16, the E4B takes 9 (export/results/README.md, "three programs
