@@ -53,8 +53,9 @@ MAX_SPLITS = 16
 # batch 1, 3 an SM rounded up made the E2B's step 1.96 ms against 2.00 (its down_proj [1,536 x 12,288], 24 column
 # blocks, cut in 16 runs, not 11) and the E4B's 3.45 against 3.50 (its [2,560 x 10,240] in 10, not 7), but the
 # 31B's o_proj and down_proj (84 blocks) in 5 runs, not 4, took 50.9 us a launch against 42.4 (15.6 -> 16.6 ms a
-# step); rounded down the 31B keeps 4 and the E2B 16, the E4B takes 9 (export/results/README.md, "three programs
-# an SM for a cut over K").
+# step); rounded down the 31B keeps 4 and the E2B 16, and the E4B's 9 runs took its step 3.435 ms against 3.49 in 7
+# (its 42 cut launches 0.715 ms, 0.831 in 7, 0.777 in 10) (export/results/README.md, "three programs an SM for a
+# cut over K").
 SPLIT_PROGRAMS = 3
 # A weight so narrow that even the narrowest tile gives fewer than 3/5 of the SMs a program (the PLE gates'
 # 256 columns, the MoE router's 128) takes the widest narrow tile cut over K from this K on: the E4B's PLE
