@@ -1,12 +1,14 @@
 """The paged attention kernel (plugins/triton_attention.py, or at head dim 512 prefill on Hopper the Gluon one,
-plugins/gluon_attention.py) compiled for a GPU target on any machine, no GPU needed, and what ptxas says of it:
-registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DIR` also writes its TTGIR (where
-the loop's copies and matmuls sit, their layouts) and PTX.
+plugins/gluon_attention.py), or with `--gemv N K` the skinny matmul's (plugins/triton_gemv.py) on the plan
+`gemv_plan` gives a weight [N, K], compiled for a GPU target on any machine, no GPU needed, and what ptxas says of
+it: registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DIR` also writes its TTGIR
+(where the loop's copies and matmuls sit, their layouts) and PTX.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
         [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
         [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
+    python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--dtype bfloat16] [--arch 90] [--ir DIR]
 
 The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
 shape (`takes_wgmma`; `--config '{"wgmma": false}'` keeps the Triton kernel), its constexprs, the 16-byte
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia.compiler import get_ptxas
@@ -33,6 +36,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from g4rt.plugins import gluon_attention as ga
 from g4rt.plugins import launch
 from g4rt.plugins import triton_attention as ta
+from g4rt.plugins import triton_gemv as tg
 from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
 ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in every arena the runtime builds
@@ -84,8 +88,36 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
                **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")})
     sig.update({name: "constexpr" for name in const})
+    aligned = [n for n in fn.arg_names if sig[n].startswith("*")] + list(ALIGNED_INTS)
+    return {"kernel": fn.__name__, "config": cfg, "tma": tma,
+            **compile_for(fn, sig, const, aligned, source, options, arch)}
+
+
+def gemv_report(*, n: int, k: int, rows: int = 1, dtype: str = "bfloat16", arch: int = 90) -> dict:
+    """Compile `_gemv_kernel` as `skinny_linear` launches it for `rows` rows against a weight [n, k] (no epilogue):
+    gemv_plan's tile and runs over K for an H200's SMs; returns the tile, runs and programs (column blocks x runs)
+    with what compile_for returns."""
+    if dtype not in TRITON_DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
+    if not 1 <= rows <= tg.MAX_ROWS:
+        raise ValueError(f"rows must be 1-{tg.MAX_ROWS}, got {rows}")
+    config, runs = tg.gemv_plan(n, k, torch.device("cpu"))
+    const, _ = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32")
+    const["PDL"] = arch >= 90
+    fn, t = tg._gemv_kernel, TRITON_DTYPES[dtype]
+    sig = {name: "i32" for name in fn.arg_names} | {name: f"*{t}" for name in fn.arg_names if name.endswith("_ptr")}
+    sig.update(part_ptr="*fp32", lock_ptr="*i32", eps="fp32", **{name: "constexpr" for name in const})
+    aligned = [name for name in fn.arg_names if name.endswith("_ptr")]
+    report = compile_for(fn, sig, const, aligned, triton.compiler.ASTSource,
+                         {"num_warps": config[2], "num_stages": config[3]}, arch)
+    return {"kernel": fn.__name__, "config": list(config), "runs": const["SPLITS"],
+            "programs": triton.cdiv(n, config[0]) * const["SPLITS"], **report}
+
+
+def compile_for(fn, sig: dict, const: dict, aligned: list, source, options: dict, arch: int) -> dict:
+    """Compile `fn` for compute capability `arch` with the `aligned` arguments 16-byte divisible, and ask ptxas
+    of its PTX: registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
     names = list(fn.arg_names)
-    aligned = [n for n in names if sig[n].startswith("*")] + list(ALIGNED_INTS)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(source(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", arch, 32),
                               options=options)
@@ -98,18 +130,20 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
                              capture_output=True, text=True, check=True)
     regs = re.search(r"Used (\d+) registers", run.stderr)
     spill = re.search(r"(\d+) bytes spill stores", run.stderr)
-    return {"kernel": fn.__name__, "config": cfg, "tma": tma, "registers": int(regs.group(1)) if regs else None,
-            "spill_bytes": int(spill.group(1)) if spill else 0, "shared": compiled.metadata.shared,
-            "ttgir": compiled.asm["ttgir"], "ptx": ptx}
+    return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
+            "shared": compiled.metadata.shared, "ttgir": compiled.asm["ttgir"], "ptx": ptx}
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(prog="python -m g4rt.bench.compile_report", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--head-dim", type=int, required=True, help="the layer's head dim (256 sliding, 512 full)")
-    ap.add_argument("--page", type=int, required=True, help="tokens per page of the layer's group")
-    ap.add_argument("--q-heads", type=int, required=True, help="query heads (the 31B: 32)")
-    ap.add_argument("--kv-heads", type=int, required=True, help="KV heads of the layer (the 31B: 16 sliding, 4 full)")
+    ap.add_argument("--head-dim", type=int, help="the layer's head dim (256 sliding, 512 full)")
+    ap.add_argument("--page", type=int, help="tokens per page of the layer's group")
+    ap.add_argument("--q-heads", type=int, help="query heads (the 31B: 32)")
+    ap.add_argument("--kv-heads", type=int, help="KV heads of the layer (the 31B: 16 sliding, 4 full)")
+    ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"),
+                    help="the skinny matmul's launch for a weight [N, K] instead (gemv_plan's tile and runs)")
+    ap.add_argument("--rows", type=int, default=1, help="with --gemv: rows of x (1-128)")
     ap.add_argument("--decode", action="store_true", help="the decode launch (one query per sequence)")
     ap.add_argument("--splits", type=int, default=1, help="decode's runs over the keys (the split epilogue if > 1)")
     ap.add_argument("--programs-per-sm", type=float, default=0.0,
@@ -124,10 +158,20 @@ def main(argv=None):
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
                                                    "'{\"rows\": 64, \"num_stages\": 3, \"tma\": false}'")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
-    ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx")
+    ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx (gemv.* with --gemv)")
     args = ap.parse_args(argv)
     if launch.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
+    if args.gemv:
+        try:
+            report = gemv_report(n=args.gemv[0], k=args.gemv[1], rows=args.rows, dtype=args.dtype, arch=args.arch)
+        except ValueError as e:
+            ap.error(str(e))
+        return emit(report, args, "gemv")
+    missing = [f"--{name.replace('_', '-')}" for name in ("head_dim", "page", "q_heads", "kv_heads")
+               if getattr(args, name) is None]
+    if missing:
+        ap.error(f"the attention launch needs {', '.join(missing)} (or --gemv N K for the skinny matmul)")
     if (args.write or args.norm) and not args.decode:
         ap.error("--write, --norm: only a decode launch writes the step's K/V rows or norms its q (add --decode)")
     try:
@@ -138,10 +182,15 @@ def main(argv=None):
                               kv_heads=args.kv_heads, decode=args.decode, splits=args.splits,
                               programs_per_sm=args.programs_per_sm, window=args.window,
                               dtype=args.dtype, config=config, arch=args.arch, write=args.write, norm=args.norm)
+    return emit(report, args, "attention")
+
+
+def emit(report: dict, args, name: str) -> int:
+    """Print the report less its IR as one JSON line; with --ir, write NAME.ttgir and NAME.ptx there."""
     if args.ir:
         os.makedirs(args.ir, exist_ok=True)
         for ext in ("ttgir", "ptx"):
-            with open(os.path.join(args.ir, f"attention.{ext}"), "w") as f:
+            with open(os.path.join(args.ir, f"{name}.{ext}"), "w") as f:
                 f.write(report[ext])
     print(json.dumps({k: v for k, v in report.items() if k not in ("ttgir", "ptx")}
                      | {"triton": triton.__version__, "arch": f"sm_{args.arch}"}))

@@ -270,11 +270,11 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
                          f"{up.dtype}, column stride {up.stride(1)}")
     if norm is not None:
         _check_norm(norm, x)
-    block_n, block_k, num_warps, num_stages = config or GEMV_CONFIGS[0]
-    block_k = min(block_k, max(16, triton.next_power_of_2(K)))
-    blocks = triton.cdiv(N, block_n)
-    split_k = triton.cdiv(triton.cdiv(K, block_k), max(1, splits)) * block_k
-    splits = triton.cdiv(K, split_k) if K else 1
+    config = config or GEMV_CONFIGS[0]
+    const, split_k = launch_constexprs(M, N, K, config, splits, x.dtype == torch.float32,
+                                       gelu=1 if halves else 0 if up is None else 2,
+                                       norm=0 if norm is None else 1 if norm.out_weight is None else 2)
+    blocks, splits = triton.cdiv(N, const["BLOCK_N"]), const["SPLITS"]
     if splits > 1 and blocks > LOCKS:
         raise ValueError(f"a split launch takes at most {LOCKS} column blocks, got {blocks}: split a narrower weight")
     out = torch.empty((M, N // 2 if halves else N), dtype=x.dtype, device=x.device) if out is None else out
@@ -287,12 +287,21 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
         _gemv_kernel[(blocks, splits)](
             x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in,
             0.0 if norm is None else float(norm.eps), M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0),
-            0 if up is None else up.stride(0), BLOCK_M=row_tile(M), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=splits,
-            EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=1 if halves else 0 if up is None else 2,
-            NORM=0 if norm is None else 1 if norm.out_weight is None else 2, KB=triton.next_power_of_2(K),
-            UPCAST=interpreting(), PREC="ieee" if x.dtype == torch.float32 else "tf32", num_warps=num_warps,
-            num_stages=num_stages, **pdl_launch(x.device))
+            0 if up is None else up.stride(0), **const, num_warps=config[2], num_stages=config[3],
+            **pdl_launch(x.device))
     return out
+
+
+def launch_constexprs(M: int, N: int, K: int, config: tuple[int, int, int, int], splits: int, fp32: bool,
+                      gelu: int = 0, norm: int = 0) -> tuple[dict, int]:
+    """`_gemv_kernel`'s constexprs (less PDL) for x [M, K] against w [N, K] on tile `config` cut in `splits` runs
+    over K, and the run length: block_k at most K's next power of two, the runs whole BLOCK_K tiles (fewer
+    where K has fewer tiles). gemv's launch, and bench.compile_report's offline compile of the same kernel."""
+    block_n, block_k = config[0], min(config[1], max(16, triton.next_power_of_2(K)))
+    split_k = triton.cdiv(triton.cdiv(K, block_k), max(1, splits)) * block_k
+    return dict(BLOCK_M=row_tile(M), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=triton.cdiv(K, split_k) if K else 1,
+                EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=gelu, NORM=norm,
+                KB=triton.next_power_of_2(K), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32"), split_k
 
 
 def gemv_plan(n: int, k: int, device: torch.device,

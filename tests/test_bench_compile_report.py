@@ -151,3 +151,18 @@ def test_the_combine_launch_lets_the_next_in_before_it_waits_and_reads_after():
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert 0 <= got["trigger"] < got["wait"] < got["first_load"], got
+
+
+def test_the_skinny_matmul_on_its_plan_compiles_and_the_attention_launch_names_what_it_lacks(tmp_path):
+    """--gemv N K: the kernel skinny_linear launches for the 31B's down_proj [5,376 x 21,504] at batch 1, on
+    gemv_plan's 64-column tile cut in 4 runs (336 programs); its registers are ptxas's. Without --gemv the
+    attention launch's shape arguments are required, each named."""
+    r = run("--gemv", "5376", "21504", "--ir", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["kernel"] == "_gemv_kernel" and out["config"] == [64, 128, 4, 4]
+    assert out["runs"] == 4 and out["programs"] == 336 and 0 < out["registers"] <= 255
+    assert ".entry _gemv_kernel" in (tmp_path / "gemv.ptx").read_text()
+    r = run("--head-dim", "256", "--page", "16")
+    assert r.returncode == 2 and "needs --q-heads, --kv-heads" in r.stderr
+

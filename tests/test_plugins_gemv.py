@@ -144,10 +144,10 @@ def test_the_plan_gives_every_sm_a_program_or_three_fifths_of_them():
     assert tg.gemv_plan(256, 2560, cpu) == (tg.NARROW_CONFIGS[0], tg.MAX_SPLITS) == tg.gemv_plan(256, 1536, cpu)
     assert tg.gemv_plan(128, 2816, cpu) == (tg.NARROW_CONFIGS[0], tg.MAX_SPLITS)  # 4 blocks
     assert tg.gemv_plan(256, 1024, cpu) == (tg.NARROW_CONFIGS[-1], 1)  # K below NARROW_SPLIT_MIN_K
+    fits = tg.SPLIT_PROGRAMS * 132
     for n in range(64, 64 * 132, 64):  # every cut weight: within SPLIT_PROGRAMS an SM, and one run more is not
         (bn, *_), runs = tg.gemv_plan(n, 8192, cpu)
-        blocks = -(-n // bn)
-        fits = tg.SPLIT_PROGRAMS * 132
+        blocks = triton.cdiv(n, bn)
         assert blocks * runs <= fits and (runs == tg.MAX_SPLITS or blocks * (runs + 1) > fits), n
 
 
