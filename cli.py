@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from g4rt.models.config import PUBLISHED, ConfigError, load_config
-from g4rt.models.layout import DTYPES, PAGE_TOKENS, PageGeometry
+from g4rt.models.layout import DTYPES, KV_DTYPES, PAGE_TOKENS, PageGeometry
 from g4rt.models.manifest import BACKENDS
 from g4rt.models.parallel import TP_SIZES
 from g4rt.plugins.ops import KERNELS, check_kernels
@@ -177,6 +177,9 @@ def _open_llm(args, cmd: str, source: Path, frames_for):
         kernels = None if args.kernels is None else check_kernels(args.kernels, "--kernels")
     except ValueError as e:
         raise SystemExit(f"{cmd}: {e}")
+    if args.kv_dtype and (args.engine or args.tensor_parallel > 1):
+        why = "a built engine's arena has the dtype it was built with" if args.engine else "drop --tensor-parallel"
+        raise SystemExit(f"{cmd}: --kv-dtype applies to --model on one device; {why}")
     manifest = None
     if args.engine:
         try:
@@ -216,7 +219,7 @@ def _open_llm(args, cmd: str, source: Path, frames_for):
         return (LLM(engine, frames, config, eos_ids=engine.config.eos_token_ids, kernels=kernels),
                 f"{backend} engine")
     try:
-        model = load_model(source, dtype=args.dtype, device=device, kernels=kernels)
+        model = load_model(source, dtype=args.dtype, device=device, kernels=kernels, kv_dtype=args.kv_dtype)
     except (CheckpointError, ConfigError, ValueError) as e:
         raise SystemExit(f"{cmd}: --model: {e}")
     frames = frames_for(PageGeometry.build(model.layout, args.page_tokens), config, device)
@@ -362,7 +365,8 @@ def cmd_plan(args) -> int:
         except ConfigError as e:
             raise SystemExit(f"plan: --model: {e}")
         plans.append(make_plan(name, cfg, context=args.context or cfg.max_position_embeddings, chunk=args.chunk,
-                               page_tokens=args.page_tokens, dtype=args.dtype, memory_bytes=memory))
+                               page_tokens=args.page_tokens, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                               memory_bytes=memory))
     if args.json:
         print(json.dumps([p.as_dict() for p in plans], indent=1))
     else:
@@ -384,6 +388,10 @@ def _engine_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", help="model directory (config.json + safetensors) or 'tiny': the eager engine")
     p.add_argument("--engine", help="an engine directory from `g4rt build` (its manifest names the backend)")
     p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="weights and KV dtype (--model)")
+    p.add_argument("--kv-dtype", choices=list(KV_DTYPES), default=None,
+                   help="the KV arena's dtype when it differs from --dtype (--model on one device): float8_e4m3fn "
+                        "halves the bytes a decode step reads and doubles the positions a GiB holds, K and V "
+                        "rounded to e4m3 without a scale")
     p.add_argument("--device", default=None,
                    help="cpu or cuda[:N] (default: cuda for inductor and tensorrt engines, else cpu); the KV budget "
                         "is measured on it")
@@ -488,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-tokens", type=_positive("--page-tokens"), default=PAGE_TOKENS)
     p.add_argument("--dtype", choices=list(DTYPES), default=None,
                    help="weights and KV dtype (default: the config's)")
+    p.add_argument("--kv-dtype", choices=list(KV_DTYPES), default=None,
+                   help="the KV dtype when it differs from --dtype (float8_e4m3fn: one byte an element)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 

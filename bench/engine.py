@@ -40,7 +40,7 @@ import torch
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
-from g4rt.models.layout import PageGeometry
+from g4rt.models.layout import KV_DTYPES, PageGeometry
 from g4rt.models.paged import PagedStep
 from g4rt.plugins.buckets import pow2_bucket
 from g4rt.runtime.admission import promise_for
@@ -756,6 +756,8 @@ def main(argv=None) -> int:
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default=None,
+                    help="the KV arena's dtype (default the weights', bfloat16); the rooflines count its bytes")
     ap.add_argument("--decode-steps", default="", help="batches whose steady-state decode step is timed "
                     "against its graph replay (decode_steps), e.g. 1,64,128,256")
     ap.add_argument("--ttft", default="", help="prompt lengths whose time to first token is measured, e.g. 2048,8192")
@@ -795,11 +797,12 @@ def main(argv=None) -> int:
     ceil = ceilings(quick=False)
     bw = ceil["copy_GBps"] * 1e9
     t0 = time.perf_counter()
-    model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed, init=a.init)
+    model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed, init=a.init,
+                         kv_dtype=a.kv_dtype)
     wbytes = weight_bytes_per_step(model)
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
-         "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
+         "kv_dtype": model.layout.dtype, "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
          "shared_carveout": a.shared_carveout,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})

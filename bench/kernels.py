@@ -43,7 +43,7 @@ from dataclasses import dataclass
 import torch
 
 from g4rt.models.config import load_config
-from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.models.layout import KV_DTYPES, KVLayout, PageGeometry, torch_dtype
 from g4rt.models.step import to_device
 from g4rt.plugins import reference
 from g4rt.plugins import triton_attention as ta
@@ -152,9 +152,9 @@ class Case:
                 self.wl, 1.0)
 
 
-def build(batch, ctx, q_len, layer, whole_table=False, seed=0):
-    """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled. Sliding
-    layers get resident-only tables (first_page > 0) unless `whole_table`."""
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE):
+    """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled, the arena in
+    `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
@@ -163,7 +163,7 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0):
     m = math.ceil(ctx / page) - first
     g = torch.Generator(device="cuda").manual_seed(seed)
     frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
-    arena = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g)
+    arena = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g).to(kv_dtype)
     q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=DTYPE, generator=g)
     i32 = dict(device="cuda", dtype=torch.int32)
     return Case(q, arena, torch.arange(batch + 1, **i32) * q_len, torch.full((batch,), ctx, **i32),
@@ -222,14 +222,15 @@ def _flex():
     return torch.compile(flex_attention, dynamic=False)
 
 
-def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False):
+def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False,
+                kv_dtype=DTYPE):
     hq, hkv, d, window, page = LAYERS[layer]
-    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch)
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype)
     _, read = visible_keys(ctx, 1, case.wl)
     kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
     io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
     rec = {"layer": layer, "batch": batch, "ctx": ctx, "page_size": page, "whole_table": whole,
-           "kv_bytes_read": kv_bytes, "config": config}
+           "kv_dtype": str(case.arena.dtype).removeprefix("torch."), "kv_bytes_read": kv_bytes, "config": config}
     if splits is None:
         max_keys = case.table.shape[1] * page if case.wl < 0 else min(case.table.shape[1] * page, case.wl + 1)
         splits = ta.decode_splits(batch, hkv, max_keys, d, case.q.device)
@@ -516,6 +517,8 @@ def main(argv=None):
                     help="with --decode-batch: split counts forced over the unsplit tiles (BATCH_SPLITS) instead")
     ap.add_argument("--decode-batch-tiles", action="store_true",
                     help="with --decode-batch: the sliding layer on smaller CTAs (BATCH_SMALL) instead")
+    ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
+                    help="with --decode-batch: the arena's dtype (float8_e4m3fn: the one-byte arena)")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
                     help="step sizes in tokens --norms times, comma-separated")
@@ -566,7 +569,7 @@ def main(argv=None):
                 for n, w, st, splits in ((*t, None)[:4] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(rows=16, block_n=n, num_warps=w, num_stages=st), splits=splits,
-                            sdpa=False)
+                            sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True))
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

@@ -127,11 +127,12 @@ def _allocate(model: Gemma4Model, device) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def load_model(ckpt_dir: str | Path, dtype: str | torch.dtype | None = None, device="cpu",
-               kernels: str | None = None) -> Gemma4Model:
+               kernels: str | None = None, kv_dtype: str | torch.dtype | None = None) -> Gemma4Model:
     """Build a `Gemma4Model` for `ckpt_dir/config.json` and fill it from the safetensors in `ckpt_dir`.
-    `model.config` is the parsed `Gemma4Config`; `kernels` as `Gemma4Model` takes it."""
+    `model.config` is the parsed `Gemma4Config`; `kernels` and `kv_dtype` as `Gemma4Model` takes them."""
     cfg = load_config(ckpt_dir)
-    return load_into(Gemma4Model(cfg, dtype=to_dtype(dtype, cfg), device="meta"), cfg, ckpt_dir, device, kernels)
+    return load_into(Gemma4Model(cfg, dtype=to_dtype(dtype, cfg), device="meta", kv_dtype=kv_dtype), cfg, ckpt_dir,
+                     device, kernels)
 
 
 @torch.no_grad()
@@ -271,11 +272,13 @@ def write_random_checkpoint(cfg: Gemma4Config, out_dir: str | Path, seed: int = 
 
 @torch.no_grad()
 def random_model(cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device="cpu", seed: int = 0,
-                 kernels: str | None = None, init: str = "default") -> Gemma4Model:
+                 kernels: str | None = None, init: str = "default",
+                 kv_dtype: str | torch.dtype | None = None) -> Gemma4Model:
     """A model with seeded random weights drawn directly on `device` (same init rules as
-    `write_random_checkpoint`). GPU benchmarks of the published sizes use it: a 31B checkpoint file
-    would be 61 GB written and read back for nothing."""
-    return random_into(Gemma4Model(cfg, dtype=dtype, device="meta"), cfg, device, seed, kernels, init)
+    `write_random_checkpoint`; `kv_dtype` as `Gemma4Model` takes it). GPU benchmarks of the published sizes use
+    it: a 31B checkpoint file would be 61 GB written and read back for nothing."""
+    return random_into(Gemma4Model(cfg, dtype=dtype, device="meta", kv_dtype=kv_dtype), cfg, device, seed, kernels,
+                       init)
 
 
 @torch.no_grad()

@@ -27,24 +27,32 @@ from .config import Gemma4Config
 # The dtypes weights, activations and the KV arena may have, by the names configs and manifests use.
 # The one table of them; sizes come from `torch.dtype.itemsize`.
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+# The KV arena may also hold 1-byte floats (`kv_dtype`): half the bytes a decode reads and twice the positions a
+# frame holds. K and V are stored as the model's rows rounded to the nearest value, saturated at the format's
+# largest (plugins/reference.py `to_kv`), with no scale: Gemma 4 norms both (`k_norm`, `v_norm`), so their
+# entries sit well inside e4m3's range.
+KV_DTYPES = {**DTYPES, "float8_e4m3fn": torch.float8_e4m3fn}
 PAGE_TOKENS = 16  # positions per sliding page: the runtime's default
 ALIGN = 16  # full-group pages are a multiple of this many positions (kernel tiles never straddle one)
 
 
-def torch_dtype(dtype: "str | torch.dtype") -> torch.dtype:
-    """A dtype name ("bfloat16") or torch dtype -> the torch dtype; unknown names are an error naming them."""
+def torch_dtype(dtype: "str | torch.dtype", kv: bool = False) -> torch.dtype:
+    """A dtype name ("bfloat16") or torch dtype -> the torch dtype; unknown names are an error naming them.
+    `kv`: a KV arena's dtype, which may also be one of KV_DTYPES' 1-byte floats."""
+    table = KV_DTYPES if kv else DTYPES
+    what = "KV dtype" if kv else "dtype"
     if isinstance(dtype, torch.dtype):
-        if dtype not in DTYPES.values():
-            raise ValueError(f"dtype {dtype} is not supported; use one of {', '.join(DTYPES)}")
+        if dtype not in table.values():
+            raise ValueError(f"{what} {dtype} is not supported; use one of {', '.join(table)}")
         return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-    return DTYPES[dtype]
+    if dtype not in table:
+        raise ValueError(f"{what} {dtype!r} is not one of {', '.join(table)}")
+    return table[dtype]
 
 
-def dtype_name(dtype: "str | torch.dtype") -> str:
-    """The name configs and manifests use for `dtype` ("bfloat16")."""
-    return str(torch_dtype(dtype)).removeprefix("torch.")
+def dtype_name(dtype: "str | torch.dtype", kv: bool = False) -> str:
+    """The name configs and manifests use for `dtype` ("bfloat16"); `kv` as torch_dtype takes it."""
+    return str(torch_dtype(dtype, kv)).removeprefix("torch.")
 
 
 @dataclass(frozen=True)
@@ -101,9 +109,9 @@ class KVLayout:
 
     @classmethod
     def from_config(cls, cfg: Gemma4Config, dtype: "str | torch.dtype | None" = None) -> "KVLayout":
-        """The layout of `cfg` with KV in `dtype` (default: the config's dtype)."""
-        dtype = dtype_name(dtype or cfg.dtype)
-        nbytes = torch_dtype(dtype).itemsize
+        """The layout of `cfg` with KV in `dtype` (default: the config's dtype; any of KV_DTYPES)."""
+        dtype = dtype_name(dtype or cfg.dtype, kv=True)
+        nbytes = torch_dtype(dtype, kv=True).itemsize
         layers = tuple(
             LayerKV(
                 index=i,

@@ -17,13 +17,16 @@ from typing import Hashable, Sequence
 
 import torch
 
-from ..plugins.reference import attend, window_left
-from .layout import LayerKV
+from ..plugins.reference import attend, to_kv, window_left
+from .layout import LayerKV, torch_dtype
 from .model import Gemma4Model
 
 
 class LinearCache:
-    def __init__(self):
+    """`dtype`: what K and V are stored as (`to_kv`: a paged arena's KV dtype; None keeps the model's rows)."""
+
+    def __init__(self, dtype: torch.dtype | None = None):
+        self.dtype = dtype
         self._k: dict[Hashable, dict[int, torch.Tensor]] = {}
         self._v: dict[Hashable, dict[int, torch.Tensor]] = {}
         self._len: dict[Hashable, int] = {}
@@ -82,6 +85,8 @@ class LinearCache:
         if (sid, layer) in self._appended:
             raise RuntimeError(f"layer {layer} wrote sequence {sid!r} twice in one step")
         self._appended.add((sid, layer))
+        if self.dtype is not None:
+            k, v = to_kv(k, self.dtype), to_kv(v, self.dtype)
         ks, vs = self._k[sid], self._v[sid]
         ks[layer] = k.clone() if layer not in ks else torch.cat([ks[layer], k])
         vs[layer] = v.clone() if layer not in vs else torch.cat([vs[layer], v])
@@ -100,7 +105,7 @@ def generate_linear(model: Gemma4Model, prompt_ids: Sequence[int], max_new_token
     if len(prompt_ids) == 0:
         raise ValueError("generate_linear needs a non-empty prompt")
     device = model.embed_tokens.weight.device
-    cache, out, all_logits = LinearCache(), [], []
+    cache, out, all_logits = LinearCache(torch_dtype(model.layout.dtype, kv=True)), [], []
     ids = torch.tensor(list(prompt_ids), dtype=torch.int64, device=device)
     pos = 0
     for _ in range(max_new_tokens):

@@ -359,10 +359,12 @@ class Gemma4Model(nn.Module):
     kernels = "reference"
 
     def __init__(self, cfg: Gemma4Config, dtype: torch.dtype = torch.bfloat16, device=None,
-                 kernels: str | None = None):
+                 kernels: str | None = None, kv_dtype: "str | torch.dtype | None" = None):
         super().__init__()
         self.config = cfg
-        self.layout = KVLayout.from_config(cfg, dtype)  # the KV arena holds the model's dtype
+        # The KV arena holds `kv_dtype` (layout.KV_DTYPES; default the model's dtype): every arena, cache and
+        # roofline built for this model reads it here.
+        self.layout = KVLayout.from_config(cfg, kv_dtype or dtype)
         self.dtype = dtype
         H = cfg.hidden_size
         self.embed_tokens = nn.Embedding(cfg.vocab_size, H, dtype=dtype, device=device)

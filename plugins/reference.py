@@ -48,6 +48,16 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, q_pos: torch.Tenso
     return out.transpose(0, 1).to(q.dtype)
 
 
+def to_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """K or V rows as a cache of `dtype` stores them: the nearest value (ties to even), and for a 1-byte float
+    the format's largest finite value where `x` lies beyond it (the GPU's `satfinite` conversion; e4m3 has no
+    infinity). Every cache (the paged arena's kernels and references, the linear cache) stores through this."""
+    if dtype.itemsize == 1:
+        top = torch.finfo(dtype).max
+        x = x.float().clamp(-top, top)
+    return x.to(dtype)
+
+
 # ---------------------------------------------------------------------------------------------
 # Paged reference ops: the oracle for the Triton kernels and the CPU implementation of the ops.
 # They read the arena exactly as plugins/README.md describes; speed does not matter here.
@@ -111,7 +121,7 @@ def kv_write_ref_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: 
     cols = torch.arange(width, device=arena.device)
     for offset, src in ((k_offset, k), (v_offset, v)):
         idx = offset + row[:, None] * width + cols[None, :]
-        arena[frame[:, None], idx] = src[keep].reshape(-1, width).to(arena.dtype)
+        arena[frame[:, None], idx] = to_kv(src[keep].reshape(-1, width), arena.dtype)
 
 
 def kv_write_ref(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_offset: int,

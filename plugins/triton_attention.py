@@ -56,6 +56,24 @@ def _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV
 
 
 @triton.jit
+def kv_cast(x, dtype: tl.constexpr):
+    """K or V rows as an arena of `dtype` stores them: reference.to_kv's bits. A 1-byte float (e4m3) is rounded
+    in fp32 arithmetic first, to 3 mantissa bits with ties to even (the magnitude scaled to its quantum, 2^(e-3),
+    or 2^-9 below e4m3's normal range, then rounded by adding and subtracting 1.5 * 2^23), saturated at 448, the
+    sign kept (so -0 stays -0): the conversion after it is then exact, and gives torch's bits on the GPU and under
+    the Triton interpreter, whose own fp8 rounding drops the carry into the exponent. Other dtypes: a cast."""
+    if dtype.primitive_bitwidth == 8:
+        bits = x.to(tl.float32).to(tl.int32, bitcast=True)
+        a = tl.minimum((bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), 448.0, propagate_nan=tl.PropagateNan.ALL)
+        quantum = tl.maximum((a.to(tl.int32, bitcast=True) & 0x7F800000) - (3 << 23), (127 - 9) << 23)
+        r = (a * ((254 << 23) - quantum).to(tl.float32, bitcast=True) + 12582912.0) - 12582912.0
+        r = r * quantum.to(tl.float32, bitcast=True)
+        return (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True).to(dtype)
+    else:
+        return x.to(dtype)
+
+
+@triton.jit
 def _prefetch_rows(rows, nbytes):
     """Ask L2 for `nbytes` (a multiple of 16; none where 0) from each of `rows` (16-byte aligned): one
     `cp.async.bulk.prefetch.L2` a row, fire and forget (nothing waits for it, nothing on the SM holds the data)."""
@@ -112,12 +130,13 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
         else:
             base = _tile_rows(kn, k_ok, table_ptr, b, h, first, stride_frame, table_stride, HKV, D, PAGE)
             kt = tl.load(arena_ptr + k_offset + base[:, None] + d[None, :], mask=k_ok[:, None], other=0.0)
-        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK, UPCAST, PREC)
+        p, alpha, m_i, l_i = _fold_scores(q, kt.to(q.dtype), qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK, UPCAST,
+                                          PREC)
         if TMA:
             vt = tl.reshape(v_desc.load([page, start % PAGE, h * D + dv0]), [BLOCK_N, DV])
         else:
             vt = tl.load(arena_ptr + v_offset + base[:, None] + dv[None, :], mask=k_ok[:, None], other=0.0)
-        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
+        acc = _fold_values(acc, p, alpha, vt.to(q.dtype), UPCAST, PREC)
     return m_i, l_i, acc
 
 
@@ -133,8 +152,8 @@ def _store_own_key(arena_ptr, k_row, v_row, slot, mine, h, k_offset, v_offset, s
     safe = tl.where(ok, slot, 0)
     dst = (safe // PAGE).to(tl.int64) * stride_frame + ((safe % PAGE) * HKV + h) * D + d
     dtype = arena_ptr.dtype.element_ty
-    tl.store(arena_ptr + k_offset + dst, k_row.to(dtype), mask=ok)
-    tl.store(arena_ptr + v_offset + dst, v_row.to(dtype), mask=ok)
+    tl.store(arena_ptr + k_offset + dst, kv_cast(k_row, dtype), mask=ok)
+    tl.store(arena_ptr + v_offset + dst, kv_cast(v_row, dtype), mask=ok)
     tl.debug_barrier()
 
 
@@ -257,9 +276,14 @@ def _paged_attn_kernel(
         q = tl.load(q_ptr + q_row[:, None] * D + d[None, :], mask=row_ok[:, None], other=0.0)
     if UPCAST:
         q = q.to(tl.float32)
+    elif arena_ptr.dtype.element_ty.primitive_bitwidth == 8:
+        # A one-byte (e4m3) arena's tiles widen to fp16, which holds every e4m3 value, in one conversion a pair
+        # (to bf16 it takes three, and the decode at serving batches is bound by that work, not by its bytes); q
+        # (normed: far inside fp16's range) and P go to fp16 with them, the sums stay fp32.
+        q = q.to(tl.float16)
     if EARLY:
-        p, alpha, m_i, l_i = _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, True, UPCAST, PREC)
-        acc = _fold_values(acc, p, alpha, vt, UPCAST, PREC)
+        p, alpha, m_i, l_i = _fold_scores(q, kt.to(q.dtype), qk_scale, m_i, l_i, kn, k_ok, pos, wl, True, UPCAST, PREC)
+        acc = _fold_values(acc, p, alpha, vt.to(q.dtype), UPCAST, PREC)
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + BLOCK_N, t_end, pos, wl, arena_ptr,
                                       table_ptr, b, h, first, k_offset, v_offset, stride_frame, table_stride, t_end,
                                       dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N, True, UPCAST, PREC, False)
@@ -322,7 +346,7 @@ WIDE_DECODE = 6  # programs an SM from which an unsplit head-dim-256 decode take
 
 
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1,
-                   programs_per_sm: float = 0.0) -> dict:
+                   programs_per_sm: float = 0.0, kv_bytes: int | None = None) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16. Each choice is the
     fastest of the H200 sweeps (`bench.kernels --prefill-only` / `--decode-batch`, `bench.compile_report`;
     numbers in plugins/results):
@@ -342,8 +366,19 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
       tile made the step slower). D=512 gained nothing from smaller tiles.
     * fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and D=512
       keeps whole columns (fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB); untimed, chosen
-      to fit."""
-    if decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE:
+      to fit.
+    * A one-byte arena (`kv_bytes` 1; default `elem_bytes`) at serving batches, where the kernel's work per key,
+      not its bytes, bounds the decode (38-41 % of the copy bandwidth on the H200): from WIDE_DECODE programs an SM
+      the sliding layer's 16-key tiles over 2 warps in 3 stages (the fastest of `bench.kernels --decode-batch
+      --decode-batch-tiles --kv-dtype float8_e4m3fn` at the 31B's batch 64-256 on the H200), and an unsplit full
+      layer's 32-key tiles in one stage (the fastest on an H100, before the widening to fp16; export/results/README.md,
+      session 36)."""
+    one_byte = (kv_bytes or elem_bytes) == 1
+    if decode and one_byte and splits == 1 and head_dim > 256:
+        cfg = {"rows": 16, "block_n": 32, "num_warps": 4, "num_stages": 1}
+    elif decode and one_byte and splits == 1 and programs_per_sm >= WIDE_DECODE:
+        cfg = {"rows": 16, "block_n": 16, "num_warps": 2, "num_stages": 3}
+    elif decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE:
         cfg = {"rows": 16, "block_n": 16, "num_warps": 1, "num_stages": 2}
     elif decode and head_dim <= 256 and splits == 1:
         cfg = {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2}
@@ -425,16 +460,18 @@ def query_block(rows: int, group: int) -> int:
 
 
 def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
-                      num_splits: int, fp32: bool, copies: bool, decode: bool, arena_grid: tuple = ()) -> dict:
+                      num_splits: int, fp32: bool, copies: bool, decode: bool, arena_grid: tuple = (),
+                      kv_bytes: int | None = None) -> dict:
     """The kernel's constexprs for a launch on tiles `cfg` (paged_attention's, and bench.compile_report's
     offline compile of the same kernel); `arena_grid`: the layer's K and V offsets and the frame stride, in
-    elements (`early_rows`; empty: an arena the engine allocates, PageGeometry's). The early tile is a decode's cut
+    elements of `kv_bytes` bytes, the arena's (default the query's) (`early_rows`; empty: an arena the engine
+    allocates, PageGeometry's). The early tile is a decode's cut
     over its keys (`num_splits` > 1): a few latency-bound programs a head, as at batch 1, where reading the first key
     tile before the wait gained; with a program a (sequence, KV head) at serving batches it made the 31B's step
     slower (export/results/README.md, "The 31B on `next/all-norm`")."""
     group = num_q_heads // num_kv_heads
     gp = triton.next_power_of_2(group)
-    early = decode and num_splits > 1 and early_rows(head_dim, 4 if fp32 else 2, *arena_grid)
+    early = decode and num_splits > 1 and early_rows(head_dim, kv_bytes or (4 if fp32 else 2), *arena_grid)
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=query_block(cfg["rows"], group),
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
@@ -533,7 +570,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     num_splits = num_splits or 1
     # per SM, from the batch's graph bucket (as decode_splits): an eager step and its padded replay pick one tile
     per_sm = pow2_bucket(B) * HKV / sm_count(q.device) if is_decode else 0.0
-    cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm), **(config or {})}
+    cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm, arena.element_size()),
+           **(config or {})}
     if out is None:
         out = q.new_empty(T, HQ, D)
     if T == 0:
@@ -558,7 +596,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         descs = kv_descriptors(arena, k_offset, v_offset, page_size, HKV, D, cfg["block_n"], D // dv_split)
     consts = launch_constexprs(cfg, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, page_size=page_size,
                                num_splits=num_splits, fp32=q.dtype == torch.float32, copies=descs is not None,
-                               decode=is_decode, arena_grid=(int(k_offset), int(v_offset), arena.stride(0)))
+                               decode=is_decode, arena_grid=(int(k_offset), int(v_offset), arena.stride(0)),
+                               kv_bytes=arena.element_size())
     m_blocks = 1 if is_decode else triton.cdiv(T - B + 1, consts["BLOCK_Q"])
     _paged_attn_kernel[(m_blocks * num_splits * dv_split, B, HKV)](
         q, arena, cu_q, kv_lens, page_table, first_page, out, ws_acc, ws_ml,

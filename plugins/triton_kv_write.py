@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 from .launch import await_inputs, pdl_launch
-from .triton_attention import Norms, paged_attention, step_splits
+from .triton_attention import Norms, kv_cast, paged_attention, step_splits
 from .triton_norm import q_norm_rope, qkv_norm_rope
 
 
@@ -33,8 +33,8 @@ def _kv_write_kernel(arena_ptr, k_ptr, v_ptr, slots_ptr, k_offset, v_offset, str
     dst = (safe // PAGE).to(tl.int64) * stride_frame + (safe % PAGE) * WIDTH + c
     src = t.to(tl.int64) * WIDTH + c
     dtype = arena_ptr.dtype.element_ty
-    tl.store(arena_ptr + k_offset + dst, tl.load(k_ptr + src, mask=ok).to(dtype), mask=ok)
-    tl.store(arena_ptr + v_offset + dst, tl.load(v_ptr + src, mask=ok).to(dtype), mask=ok)
+    tl.store(arena_ptr + k_offset + dst, kv_cast(tl.load(k_ptr + src, mask=ok), dtype), mask=ok)
+    tl.store(arena_ptr + v_offset + dst, kv_cast(tl.load(v_ptr + src, mask=ok), dtype), mask=ok)
 
 
 def kv_write_block(width: int) -> int:

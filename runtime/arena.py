@@ -56,7 +56,7 @@ class Arena:
     def __init__(self, num_frames: int, frame_elems: int, dtype="float32", device="cpu"):
         if num_frames <= 0 or frame_elems <= 0:
             raise ValueError(f"num_frames and frame_elems must be positive, got {num_frames}, {frame_elems}")
-        self.dtype = torch_dtype(dtype)
+        self.dtype = torch_dtype(dtype, kv=True)
         self.device = torch.device(device)
         self.num_frames, self.frame_elems = num_frames, frame_elems
         self._buffer: _CudaBuffer | None = None
@@ -65,8 +65,8 @@ class Arena:
             self.device = torch.device("cuda", index)
             self._buffer = _CudaBuffer(self.nbytes, index)
             raw = torch.as_tensor(self._buffer, device=self.device)  # zero-copy uint8 view
+            raw.zero_()  # as bytes: every KV dtype's zero is all zero bits
             self.tensor = raw.view(self.dtype).view(num_frames, frame_elems)
-            self.tensor.zero_()
         else:
             self.tensor = torch.zeros(num_frames, frame_elems, dtype=self.dtype, device=self.device)
 

@@ -60,7 +60,7 @@ def parameter_counts(cfg: Gemma4Config) -> ParameterCounts:
 @dataclass(frozen=True)
 class Plan:
     name: str
-    dtype: str
+    dtype: str  # the weights'; the KV's is the layout's
     layout: KVLayout
     geometry: PageGeometry
     params: ParameterCounts
@@ -97,7 +97,8 @@ class Plan:
     def as_dict(self) -> dict:
         s, f = self.layout.sliding, self.layout.full
         return {
-            "model": self.name, "dtype": self.dtype, "context": self.context, "chunk": self.chunk,
+            "model": self.name, "dtype": self.dtype, "kv_dtype": self.layout.dtype, "context": self.context,
+            "chunk": self.chunk,
             "parameters": self.params.total, "parameters_used": self.params.used,
             "weight_bytes": self.weight_bytes,
             "sliding": {"layers": len(s.layers), "window": s.window, "bytes_per_token": s.bytes_per_token,
@@ -115,13 +116,15 @@ class Plan:
 
 
 def make_plan(name: str, cfg: Gemma4Config, *, context: int, chunk: int = 1,
-              page_tokens: int = PAGE_TOKENS, dtype: str | None = None, memory_bytes: int | None = None) -> Plan:
+              page_tokens: int = PAGE_TOKENS, dtype: str | None = None, kv_dtype: str | None = None,
+              memory_bytes: int | None = None) -> Plan:
+    """The plan of `cfg` with weights in `dtype` and KV in `kv_dtype` (defaults: the config's, `dtype`)."""
     if context < 1:
         raise ValueError(f"context must be >= 1, got {context}")
     if chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {chunk}")
     dtype = dtype or cfg.dtype
-    layout = KVLayout.from_config(cfg, dtype)
+    layout = KVLayout.from_config(cfg, kv_dtype or dtype)
     return Plan(name, dtype, layout, PageGeometry.build(layout, page_tokens), parameter_counts(cfg),
                 context, chunk, memory_bytes)
 
@@ -129,7 +132,8 @@ def make_plan(name: str, cfg: Gemma4Config, *, context: int, chunk: int = 1,
 def format_plan(p: Plan) -> str:
     d = p.as_dict()
     lines = [
-        f"{p.name}  ({p.dtype}; {d['parameters']:,} parameters = {d['weight_bytes'] / GIB:.2f} GiB of weights)",
+        f"{p.name}  ({p.dtype}{'' if p.layout.dtype == p.dtype else f', KV {p.layout.dtype}'}; "
+        f"{d['parameters']:,} parameters = {d['weight_bytes'] / GIB:.2f} GiB of weights)",
         f"  sliding group: {d['sliding']['layers']} layers, window {d['sliding']['window']}, "
         f"{d['sliding']['bytes_per_token']:,} B/token, {d['sliding']['page_tokens']} positions/page",
         f"  full group:    {d['full']['layers']} layers, {d['full']['bytes_per_token']:,} B/token, "

@@ -62,14 +62,16 @@ class PagedBatch:
     def poisoned_arena(self) -> torch.Tensor:
         """The arena with NaN wherever `visible()` is False: NaN in a kernel's output then proves it
         read something outside its keys (a dot with NaN stays NaN even when the score is masked)."""
-        return self.arena.masked_fill(~self.visible(), float("nan"))
+        return self.arena.float().masked_fill(~self.visible(), float("nan")).to(self.arena.dtype)  # any KV dtype
 
 
 def make_paged_batch(q_lens, kv_lens, *, num_q_heads: int, num_kv_heads: int, head_dim: int, page_size: int,
                      window_left: int = -1, resident_only: bool = False, dtype=torch.float32, device="cpu",
-                     seed: int = 0, spare_frames: int = 3, scale: float = 1.0, frame_pad: int = 5) -> PagedBatch:
+                     seed: int = 0, spare_frames: int = 3, scale: float = 1.0, frame_pad: int = 5,
+                     kv_dtype=None) -> PagedBatch:
     """A random batch whose pages sit in shuffled frames of a fresh arena (each frame 4 pages' worth of
-    elements plus `frame_pad`: the default 5 keeps the frame stride off every alignment).
+    elements plus `frame_pad`: the default 5 keeps the frame stride off every alignment), in `kv_dtype`
+    (default `dtype`, the queries').
 
     `resident_only` (sliding layers): a sequence's table starts at the first page that can hold a
     key some query still sees, and first_page says which logical page that is."""
@@ -83,7 +85,8 @@ def make_paged_batch(q_lens, kv_lens, *, num_q_heads: int, num_kv_heads: int, he
     n_pages = [-(-kl // P) - f for kl, f in zip(kv_lens, first)]
     n_frames = sum(n_pages) + spare_frames
     frames = torch.randperm(n_frames, generator=g)
-    arena = torch.randn(n_frames, 4 * block + frame_pad, generator=g).to(dtype)
+    kv_dtype = kv_dtype or dtype
+    arena = torch.randn(n_frames, 4 * block + frame_pad, generator=g).to(kv_dtype)
     table = torch.zeros(len(kv_lens), max(max(n_pages), 1), dtype=torch.int32)
     seq_k, seq_v, used = [], [], 0
     k_off, v_off = 2 * block, 3 * block
@@ -91,8 +94,8 @@ def make_paged_batch(q_lens, kv_lens, *, num_q_heads: int, num_kv_heads: int, he
         table[b, :n] = frames[used:used + n].to(torch.int32)
         used += n
         rows = n * P
-        k = torch.randn(rows, H, D, generator=g).to(dtype)
-        v = torch.randn(rows, H, D, generator=g).to(dtype)
+        k = torch.randn(rows, H, D, generator=g).to(kv_dtype)
+        v = torch.randn(rows, H, D, generator=g).to(kv_dtype)
         for j in range(n):
             arena[int(table[b, j]), k_off:k_off + block] = k[j * P:(j + 1) * P].reshape(-1)
             arena[int(table[b, j]), v_off:v_off + block] = v[j * P:(j + 1) * P].reshape(-1)

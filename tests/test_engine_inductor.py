@@ -39,24 +39,28 @@ def test_compiled_bf16_step_matches_eager(scope, report):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name,packed", [("31b", False), ("31b", True), ("e2b", True)])
-def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, report):
+@pytest.mark.parametrize("name,packed,kv_dtype", [("31b", False, None), ("31b", True, None), ("e2b", True, None),
+                                                  ("e2b", True, "float8_e4m3fn")])
+def test_compiled_step_is_bit_equal_with_plugin_kernels(name, packed, kv_dtype, report):
     """With the plugin kernels (what CUDA runs: RMSNorm, the fused layer tails, gated GELU and attention as
     opaque ops, here under the Triton interpreter) and, as on CUDA, q/k/v and gate/up packed, the
     per-layer compiled step computes eager's bits: logits and every K/V element. This is what lets the
-    H200 run demand identical greedy tokens. The E2B-like model adds the PLE blocks and KV-shared layers."""
+    H200 run demand identical greedy tokens. The E2B-like model adds the PLE blocks and KV-shared layers;
+    `kv_dtype` a one-byte KV arena under the bf16 weights."""
     pytest.importorskip("triton", reason="the triton extra is not installed")
     from g4rt.plugins import launch
     if not launch.interpreting():
         pytest.skip("needs TRITON_INTERPRET=1 before triton is imported (make test sets it)")
-    model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton")
+    model = random_model(tiny_config(name, dtype="bfloat16"), torch.bfloat16, "cpu", seed=3, kernels="triton",
+                         kv_dtype=kv_dtype)
     if packed:
         model.pack_weights()
     eager, eager_arena, out, compiled = eager_and_compiled(model, "layers")
-    report(f"tiny {name}: compiled (layers) vs eager bf16, plugin kernels, packed weights {packed}: logits bit-equal "
-           f"{torch.equal(out, eager)}")
+    assert compiled.arena.tensor.dtype == eager_arena.tensor.dtype == (torch.float8_e4m3fn if kv_dtype else torch.bfloat16)
+    report(f"tiny {name}: compiled (layers) vs eager bf16, plugin kernels, packed weights {packed}, KV "
+           f"{model.layout.dtype}: logits bit-equal {torch.equal(out, eager)}")
     assert torch.equal(out, eager)
-    assert torch.equal(compiled.arena.tensor, eager_arena.tensor)
+    assert torch.equal(compiled.arena.tensor.view(torch.uint8), eager_arena.tensor.view(torch.uint8))
 
 
 @pytest.mark.slow

@@ -14,7 +14,7 @@ import torch
 
 from g4rt.models.checkpoint import load_model, write_random_checkpoint
 from g4rt.models.config import load_config
-from g4rt.models.layout import PageGeometry
+from g4rt.models.layout import PageGeometry, torch_dtype
 from g4rt.models.linear_cache import LinearCache
 from g4rt.models.paged import PagedStep
 from g4rt.models.step import StepBatch
@@ -72,20 +72,30 @@ class Pages:
                          i32(cols["rows"]))
 
 
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Equal arenas, byte for byte (NaN slots never written included; any KV dtype)."""
+    return torch.equal(a.view(torch.uint8), b.view(torch.uint8))
+
+
 @pytest.fixture(scope="module")
-def model(tmp_path_factory):
+def checkpoint(tmp_path_factory):
     cfg = dataclasses.replace(load_config(TINY_CONFIG), dtype="float32")
-    return load_model(write_random_checkpoint(cfg, tmp_path_factory.mktemp("paged"), seed=9, dtype="float32"))
+    return write_random_checkpoint(cfg, tmp_path_factory.mktemp("paged"), seed=9, dtype="float32")
 
 
 @torch.no_grad()
-def test_paged_step_equals_linear_cache(model):
+@pytest.mark.parametrize("kv_dtype", [None, "float8_e4m3fn"])
+def test_paged_step_equals_linear_cache(checkpoint, kv_dtype):
+    """Also with a 1-byte KV arena under fp32 weights: the linear cache stores its rows as the arena does."""
+    model = load_model(checkpoint, kv_dtype=kv_dtype)
     geo = PageGeometry.build(model.layout, page_tokens=PAGE)
     assert geo.page_tokens["full"] != geo.page_tokens["sliding"]  # both page sizes are exercised
     pages = Pages(geo, num_frames=40, seed=5)
-    arena = torch.full((40, geo.frame_elems), float("nan"))
+    kv = torch_dtype(model.layout.dtype, kv=True)
+    assert kv == (torch.float32 if kv_dtype is None else torch.float8_e4m3fn)
+    arena = torch.full((40, geo.frame_elems), float("nan"), dtype=kv)
     paged, functional = PagedStep(model, geo), PagedStep(model, geo, functional=True)
-    linear = LinearCache()
+    linear = LinearCache(kv)
     arena_into = arena.clone()  # the same steps through attention_into (the piecewise graphs' callback)
     g = torch.Generator().manual_seed(0)
     prompt = {sid: torch.randint(3, 512, (n,), generator=g).tolist() for sid, n in ((0, 16), (1, 6), (2, 9))}
@@ -103,11 +113,11 @@ def test_paged_step_equals_linear_cache(model):
         ref = model.logits(model(batch.token_ids, batch.positions, linear)[batch.logits_rows.long()])
         before = arena.clone()
         fl, new_arena = functional(arena, *batch.tensors())
-        assert torch.equal(arena.nan_to_num(7.0), before.nan_to_num(7.0)), "functional mode mutated its input"
+        assert same_bits(arena, before), "functional mode mutated its input"
         out = paged(arena, *batch.tensors())
         assert torch.equal(out, ref), f"paged logits differ from linear at step {checked}"
         assert torch.equal(fl, out)
-        assert torch.equal(new_arena.nan_to_num(7.0), arena.nan_to_num(7.0))
+        assert same_bits(new_arena, arena)
         assert not out.isnan().any()
         attend = paged.attention_into(arena_into, *batch.tensors()[2:-1])
 
@@ -117,7 +127,7 @@ def test_paged_step_equals_linear_cache(model):
             return o
         hidden = model(batch.token_ids, batch.positions, into)
         assert torch.equal(model.logits(hidden[batch.logits_rows.long()]), out)
-        assert torch.equal(arena_into.nan_to_num(7.0), arena.nan_to_num(7.0))
+        assert same_bits(arena_into, arena)
         checked += 1
         for (sid, toks, p0), nxt in zip(seqs, out.argmax(-1).tolist()):
             pos[sid] = p0 + len(toks)

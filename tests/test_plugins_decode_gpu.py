@@ -5,6 +5,8 @@ another order than the norm kernel's, so q and the written rows may differ by a 
 rounding. Skipped off Hopper (the GPU session runs it)."""
 from __future__ import annotations
 
+import zlib
+
 import pytest
 import torch
 
@@ -33,7 +35,7 @@ CASES = [("e2b sliding", 8, 1, 256, 16, 512, 1, 300, False, True),
 def test_the_fused_decode_launch_against_the_three_it_replaces(case):
     _, hq, hkv, D, page, window, B, context, k_eq_v, owns = case
     wl = -1 if window is None else window_left(window)
-    g = torch.Generator().manual_seed(hash(case[0]) % 1000)
+    g = torch.Generator().manual_seed(zlib.crc32(case[0].encode()) % 1000)  # str hash() changes per process
     kv_lens = (context + torch.randint(-20, 20, (B,), generator=g)).tolist()
     batch = make_paged_batch([1] * B, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
                              window_left=wl, resident_only=wl >= 0, dtype=torch.bfloat16, device="cuda", seed=B,

@@ -28,6 +28,7 @@ if not launch.interpreting():
                 pytrace=False)
 
 TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+FP8 = torch.float8_e4m3fn  # a one-byte KV arena (layout.KV_DTYPES)
 
 
 def check(batch, tol=None, **kernel_kw):
@@ -45,10 +46,10 @@ def check(batch, tol=None, **kernel_kw):
 
 
 def batch_of(q_lens, kv_lens, hq, hkv, d, p, wl=-1, resident=False, dtype=torch.float32, seed=0, scale=None,
-             frame_pad=5):
+             frame_pad=5, kv_dtype=None):
     return make_paged_batch(q_lens, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=d, page_size=p,
                             window_left=wl, resident_only=resident, dtype=dtype, seed=seed,
-                            scale=d ** -0.5 if scale is None else scale, frame_pad=frame_pad)
+                            scale=d ** -0.5 if scale is None else scale, frame_pad=frame_pad, kv_dtype=kv_dtype)
 
 
 # --- Gemma's head dims: sliding (256, window, resident tables) and full (512, group 8) ----------
@@ -174,6 +175,12 @@ def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
     assert ta.default_config(256, True, 2, splits=4)["block_n"] == 64
     assert ta.default_config(512, True, 2, splits=1)["block_n"] == 32
     assert ta.default_config(512, True, 2, splits=1)["num_warps"] == 4
+    # a one-byte arena: 3-stage 16-key tiles over 2 warps from WIDE_DECODE programs an SM, one-stage 32-key at D=512
+    fp8 = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, kv_bytes=1)
+    assert (fp8["block_n"], fp8["num_warps"], fp8["num_stages"]) == (16, 2, 3)
+    assert ta.default_config(256, True, 2, splits=1, kv_bytes=1)["block_n"] == 32
+    assert ta.default_config(512, True, 2, splits=1, kv_bytes=1)["num_stages"] == 1
+    assert ta.default_config(512, True, 2, splits=2, kv_bytes=1)["num_stages"] == 2
     batch = batch_of([1] * 32, [40 + 7 * i for i in range(32)], 16, 8, 256, 16, wl=window_left(64), resident=True,
                      dtype=torch.bfloat16, seed=9)
     assert ta.decode_splits(32, 8, batch.page_table.shape[1] * 16, 256, batch.q.device) == 1
@@ -213,26 +220,61 @@ def test_kv_write_matches_reference(dtype):
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16 if t.element_size() == 2 else torch.int32)
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kv_write_to_a_one_byte_arena_rounds_as_the_reference(dtype):
+    """K/V rows into an e4m3 arena: reference.to_kv's bits (ties to even, saturation at 448, subnormals, the sign
+    of zero) from fp32 and bf16 rows of every magnitude, where the interpreter's own fp8 cast drops carries."""
+    P, H, D = 16, 3, 16
+    edge = torch.tensor([0.0, -0.0, 448.0, 460.0, -1000.0, 2 ** -9, 2 ** -10, 3 * 2 ** -11, -2 ** -12, 1.0625,
+                         1.1875, 0.96875, 100.0, -104.0, 30.0, float("inf")])
+    g = torch.Generator().manual_seed(41)
+    k, v = ((torch.randn(6, H, D, generator=g) * torch.exp(3 * torch.randn(6, H, D, generator=g))) for _ in range(2))
+    k.view(-1)[:edge.numel()] = edge
+    v.view(-1)[-edge.numel():] = -edge
+    k, v = k.to(dtype), v.to(dtype)
+    arena = torch.randn(5, 2 * P * H * D + 7).to(FP8)
+    slots = torch.tensor([3 * P + 2, -1, 0, 4 * P + 15, -1, P + 7], dtype=torch.int32)
+    want = kv_write_ref(arena, k, v, slots, 7, 7 + P * H * D, P)
+    got = arena.clone()
+    tkv.kv_write_(got, k, v, slots, 7, 7 + P * H * D, P)
+    assert torch.equal(_bits(got), _bits(want))
+    assert want.float().abs().max() == 448 and (_bits(want) == 0x80).any()  # saturated and -0 rows were written
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("decode, splits", [(False, None), (True, 1), (True, 3)])
+def test_a_one_byte_arena_is_read_as_the_reference_reads_it(dtype, decode, splits):
+    """Attention over an e4m3 arena: the keys and values widened to the query's dtype, against the reference on
+    the same arena (poisoned elsewhere); prefill and a decode cut over its keys or not."""
+    q_lens = [1, 1, 1] if decode else [1, 6, 2]
+    batch = batch_of(q_lens, [70, 30, 9], 4, 2, 64, 16, wl=window_left(24), resident=True, dtype=dtype, seed=13,
+                     kv_dtype=FP8)
+    check(batch, decode=decode, num_splits=splits)
 
 
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("dtype,wl", [(torch.float32, -1), (torch.bfloat16, window_left(24))])
-def test_a_decode_launch_writes_the_step_rows_itself(splits, dtype, wl):
+@pytest.mark.parametrize("dtype,wl,kv_dtype", [(torch.float32, -1, None), (torch.bfloat16, window_left(24), None),
+                                               (torch.bfloat16, window_left(24), FP8)])
+def test_a_decode_launch_writes_the_step_rows_itself(splits, dtype, wl, kv_dtype):
     """A decode's attention launch with `write` stores the step's K/V rows before it reads them: the same bits in
     the output and the arena as kv_write_ then paged_attention. The own keys' rows start as NaN, so a kernel
     that read one before writing it would give a NaN row; a slot of -1 (a padded graph row) writes nothing and
     reads what the arena holds, in both."""
-    batch = batch_of([1, 1, 1, 1], [40, 9, 61, 16], 4, 2, 32, 16, wl=wl, resident=wl >= 0, dtype=dtype, seed=23)
+    batch = batch_of([1, 1, 1, 1], [40, 9, 61, 16], 4, 2, 32, 16, wl=wl, resident=wl >= 0, dtype=dtype, seed=23,
+                     kv_dtype=kv_dtype)
     slots = batch.own_slots()
     slots[2] = -1
     g = torch.Generator().manual_seed(24)
     k, v = (torch.randn(4, 2, 32, generator=g).to(dtype) for _ in range(2))
-    arena = batch.poisoned_arena()
+    arena = batch.poisoned_arena().float()
     for s in slots[slots >= 0].tolist():  # the rows the step writes start as NaN
         f, r = divmod(s, batch.page_size)
         for off in (batch.k_offset, batch.v_offset):
             arena[f, off + r * 64: off + (r + 1) * 64] = float("nan")
+    arena = arena.to(batch.arena.dtype)
     two = arena.clone()
     tkv.kv_write_(two, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
     args = list(batch.args())
@@ -275,15 +317,16 @@ def test_the_write_attention_op_is_the_two_ops():
 
 @pytest.mark.parametrize("frame_pad", [5, 0])  # 0 with fp32: the early tile (rows on the line grid) runs too
 @pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("dtype,heads", [(torch.float32, "kv"), (torch.bfloat16, "k_eq_v"), (torch.bfloat16, "q")])
-def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads, frame_pad):
+@pytest.mark.parametrize("dtype,heads,kv_dtype", [(torch.float32, "kv", None), (torch.bfloat16, "k_eq_v", None),
+                                                  (torch.bfloat16, "q", None), (torch.bfloat16, "kv", FP8)])
+def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads, kv_dtype, frame_pad):
     """A decode's attention launch from a layer's packed projection (`norms`) gives the bits of the q/k/v norm
     kernel, kv_write_ and paged_attention: the output, and the arena where the layer owns a cache ("kv", "k_eq_v";
     "q": a KV-shared layer, which writes nothing). The own rows start as NaN; a -1 slot writes nothing."""
     from g4rt.plugins import triton_norm as tn
     hq, hkv, D = 4, 2, 32
     batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31,
-                     frame_pad=frame_pad)
+                     frame_pad=frame_pad, kv_dtype=kv_dtype)
     slots = batch.own_slots()
     slots[1] = -1
     g = torch.Generator().manual_seed(32)
@@ -292,11 +335,12 @@ def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, he
     y = rand(3, width + 8)[:, :width]  # row stride past the width, as a packed projection's view may have
     qw, kw = rand(D) + 1, None if heads == "q" else rand(D) + 1
     cos, sin = rand(3, D), rand(3, D)
-    arena = batch.poisoned_arena()
+    arena = batch.poisoned_arena().float()
     for s in slots[slots >= 0].tolist() if kw is not None else ():  # a KV-shared layer reads rows written before
         f, r = divmod(s, batch.page_size)
         for off in (batch.k_offset, batch.v_offset):
             arena[f, off + r * hkv * D: off + (r + 1) * hkv * D] = float("nan")
+    arena = arena.to(batch.arena.dtype)
     args = list(batch.args())
     three = arena.clone()
     args[1] = three
@@ -467,16 +511,17 @@ def test_the_early_tile_only_where_a_key_row_is_whole_cache_lines():
     assert not ta.early_rows(256, 2, 8200, 12288, 16384) and not ta.early_rows(256, 2, 8192, 12290, 16384)
 
 
+@pytest.mark.parametrize("kv_dtype", [None, FP8])
 @pytest.mark.parametrize("frame_pad, early", [(0, True), (5, False)])
-def test_an_arena_on_the_line_grid_decodes_through_the_early_tile(monkeypatch, frame_pad, early):
+def test_an_arena_on_the_line_grid_decodes_through_the_early_tile(monkeypatch, frame_pad, early, kv_dtype):
     """The early tile runs (and matches the reference, poisoned arena) where the arena's offsets and frame stride are
     whole 128-byte lines; a frame padded off that grid takes the plain loop (the GPU's bulk L2 request for V
     would fault on such an address, and the L1 argument would not hold)."""
     seen = []
     real = ta.launch_constexprs
     monkeypatch.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
-    check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=frame_pad),
-          decode=True, num_splits=2)
+    check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=frame_pad,
+                   kv_dtype=kv_dtype), decode=True, num_splits=2)
     assert [c["EARLY"] for c in seen] == [early]
 
 

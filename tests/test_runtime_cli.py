@@ -60,6 +60,23 @@ def test_plan_capacity_in_a_budget(capsys):
     assert "220.00 GiB" in text and "20.78 GiB" in text and "4 requests" in text
 
 
+def test_plan_with_a_one_byte_kv_holds_twice_the_positions(capsys):
+    """`plan --kv-dtype float8_e4m3fn`: half the KV bytes a position, the same page positions in half the frame, so
+    a budget holds twice the frames; the weights stay bf16."""
+    args = ["plan", "--model", "31b", "--context", "262144", "--memory-gib", "141", "--json"]
+    (bf16,) = json.loads(run_cli(capsys, *args))
+    (fp8,) = json.loads(run_cli(capsys, *args, "--kv-dtype", "float8_e4m3fn"))
+    assert (fp8["dtype"], fp8["kv_dtype"], bf16["kv_dtype"]) == ("bfloat16", "float8_e4m3fn", "bfloat16")
+    assert 2 * fp8["bytes_per_token"] == bf16["bytes_per_token"] and 2 * fp8["frame_bytes"] == bf16["frame_bytes"]
+    assert fp8["weight_bytes"] == bf16["weight_bytes"] and fp8["request_frames"] == bf16["request_frames"]
+    assert fp8["frames_in_budget"] == 2 * bf16["frames_in_budget"] + 1  # the budget's odd half frame
+    assert fp8["requests_fit"] == 8 and bf16["requests_fit"] == 4
+    assert "KV float8_e4m3fn" in run_cli(capsys, *args[:-1], "--kv-dtype", "float8_e4m3fn")
+    with pytest.raises(SystemExit):
+        main(["plan", "--kv-dtype", "int8"])
+    assert "--kv-dtype" in capsys.readouterr().err
+
+
 def test_parameter_counts_from_config():
     for name, (total, unused) in SPEC_PARAMS.items():
         p = parameter_counts(load_config(name))
@@ -100,6 +117,21 @@ def test_generate_json_paged_equals_reference(capsys, model_dir):
             assert len(o["token_ids"]) <= 5 and o["finish_reason"] in ("length", "stop")
             assert all(0 <= t < 128 for t in o["token_ids"])
         assert out["tokens"] == sum(len(o["token_ids"]) for o in out["outputs"]) and out["tokens_per_s"] > 0
+
+
+def test_generate_with_a_one_byte_kv_arena(capsys, model_dir, tmp_path):
+    """`generate --kv-dtype float8_e4m3fn`: the paged engine and the linear reference store K/V as e4m3 alike and
+    give the same greedy tokens; a built engine or tensor-parallel ranks refuse the flag by name."""
+    args = ["generate", "--model", str(model_dir), "--token-ids", "2,15,7,9,11,3,4,5,6,7", "--max-new-tokens", "5",
+            "--page-tokens", "4", "--chunk", "4", "--kv-dtype", "float8_e4m3fn", "--json"]
+    paged = json.loads(run_cli(capsys, *args))
+    reference = json.loads(run_cli(capsys, *args, "--reference"))
+    assert [o["token_ids"] for o in paged["outputs"]] == [o["token_ids"] for o in reference["outputs"]]
+    assert len(paged["outputs"][0]["token_ids"]) >= 1
+    for extra in (["--engine", str(tmp_path)], ["--tensor-parallel", "2"]):
+        argv = [a for a in args if a not in ("--model", str(model_dir))] if extra[0] == "--engine" else args
+        with pytest.raises(SystemExit, match="--kv-dtype applies to --model on one device"):
+            main(argv + extra)
 
 
 def test_generate_tiny_console_script():

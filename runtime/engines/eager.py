@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from g4rt.models.layout import PageGeometry
+from g4rt.models.layout import PageGeometry, torch_dtype
 from g4rt.models.linear_cache import LinearCache
 from g4rt.models.paged import PagedStep, padded_forward
 from g4rt.models.step import StepBatch
@@ -55,7 +55,7 @@ class LinearEngine:
 
     def __init__(self, model, geometry: PageGeometry):
         self.model, self.geometry, self.config = model, geometry, model.config
-        self.cache = LinearCache()
+        self.cache = LinearCache(torch_dtype(geometry.layout.dtype, kv=True))  # rows stored as the arena's
         self.device = next(model.parameters()).device
 
     takes_feed = True

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Session 36's device calls: a one-byte (e4m3) KV arena (`--kv-dtype float8_e4m3fn`) against the bf16 one, on
+# this checkout. One PART per call:
+#
+#   tests  $TESTS (default tests/test_kv_fp8_gpu.py and tests/test_plugins_decode_gpu.py: the compiled kernels on
+#          the GPU), the log kept as $OUT/gpu_tests.txt
+#   kernels  the 31B's layers' decode at batch 64/128/256, context 200, tiles forced: `bench.kernels
+#          --decode-batch [--decode-batch-tiles] --kv-dtype D` for D in $KV (default "bfloat16 float8_e4m3fn"),
+#          for each of $TABLES (default "table tiles": BATCH_DECODE, BATCH_SMALL), the log kept as a .txt
+#   steps  the 31B's decode steps at the batches $STEPS (default 64,128,256), arms $ARMS alternated (default
+#          "bf16 fp8", a process each of at most $STEPS_CAP seconds, default 110): `bench.engine --config 31b
+#          --skip-hf --batches "" --engines inductor --decode-steps $STEPS --reps 3`, the fp8 arm with
+#          `--kv-dtype float8_e4m3fn` (three contexts as the requests grow)
+#
+#     bash export/results/s36_h200.sh PART [budget_s]      # default 570 s; results under $OUT
+# The calls (run's needs_h200 true: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's weights):
+#   1  ARMS="bf16 fp8" bash export/results/s36_h200.sh tests 590; then the same with PART steps in that call
+PART=${1:?PART: tests or steps}
+BUDGET=${2:-570}
+TAG=s36-$PART
+mkdir -p "${OUT:?OUT must name the results directory}"
+source export/results/device_call.sh
+case $PART in
+  tests) run_part gpu_tests 240 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_kv_fp8_gpu.py \
+           tests/test_plugins_decode_gpu.py}
+         cp "$OUT/gpu_tests.log" "$OUT/gpu_tests.txt"; tail -3 "$OUT/gpu_tests.log" ;;
+  kernels) for kv in ${KV:-bfloat16 float8_e4m3fn}; do
+             for t in ${TABLES:-table tiles}; do
+               flag=""; [ "$t" = tiles ] && flag=--decode-batch-tiles
+               run_part "kernels_${kv}_$t" 150 python3 -m g4rt.bench.kernels --out "$OUT/kernels_${kv}_$t" \
+                 --decode-batch $flag --kv-dtype "$kv"
+               cp "$OUT/kernels_${kv}_$t.log" "$OUT/kernels_${kv}_$t.txt"; rm -rf "$OUT/kernels_${kv}_$t"
+             done
+           done ;;
+  steps) n=0
+         for a in ${ARMS:-bf16 fp8}; do
+           n=$((n + 1)); kv=()
+           [ "$a" = fp8 ] && kv=(--kv-dtype float8_e4m3fn)
+           run_arm /tmp/pkg "$a" $n steps_31b "${STEPS_CAP:-110}" engine --config 31b --skip-hf --batches "" \
+             --engines inductor --decode-steps "${STEPS:-64,128,256}" --reps 3 "${kv[@]}"
+         done ;;
+  *) echo "unknown PART $PART"; exit 2 ;;
+esac
+finish_call
