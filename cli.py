@@ -150,6 +150,10 @@ def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels
 
             # Only inductor engines run per rank; the check also refuses a directory this code cannot run.
             manifest = mf.check_manifest(args.engine, backend="inductor")
+            if mf.manifest_kv_dtype(manifest) != manifest["dtype"]:
+                raise SystemExit(f"{cmd}: --tensor-parallel: the engine in {args.engine} has a "
+                                 f"{mf.manifest_kv_dtype(manifest)} arena; tensor-parallel ranks keep KV in the "
+                                 f"weights' dtype ({manifest['dtype']}); run it on one device")
             kw = dict(model=str(mf.resolve_file(args.engine, manifest, "weights")), dtype=manifest["dtype"],
                       page_tokens=manifest["geometry"]["page_tokens_arg"], backend="inductor",
                       compile_mode=manifest["compile"]["mode"], compile_scope=manifest["compile"].get("scope", "layers"))
@@ -178,7 +182,8 @@ def _open_llm(args, cmd: str, source: Path, frames_for):
     except ValueError as e:
         raise SystemExit(f"{cmd}: {e}")
     if args.kv_dtype and (args.engine or args.tensor_parallel > 1):
-        why = "a built engine's arena has the dtype it was built with" if args.engine else "drop --tensor-parallel"
+        why = ("a built engine's arena has the dtype it was built with (g4rt build --kv-dtype)" if args.engine
+               else "drop --tensor-parallel")
         raise SystemExit(f"{cmd}: --kv-dtype applies to --model on one device; {why}")
     manifest = None
     if args.engine:
@@ -543,7 +548,7 @@ def cmd_build(args) -> int:
             from g4rt.runtime.engines.onnxruntime import default_providers
             providers = args.ort_providers or default_providers()
         out = build(args.model, args.backend, args.out, dtype=args.dtype, page_tokens=args.page_tokens,
-                    progress=not args.quiet, limits=limits, providers=providers)
+                    progress=not args.quiet, limits=limits, providers=providers, kv_dtype=args.kv_dtype)
     except (BuildError, ManifestError, RuntimeError) as e:
         raise SystemExit(f"build: {e}")
     named = f" (execution providers: {', '.join(providers)})" if providers else ""
@@ -571,6 +576,9 @@ def _export_commands(sub) -> None:
                     "it is relative, so the directory can be moved.")
     _export_common(b)
     b.add_argument("--backend", choices=list(BACKENDS), required=True)
+    b.add_argument("--kv-dtype", choices=list(KV_DTYPES), default=None,
+                   help="inductor: the KV arena's dtype when it differs from --dtype (float8_e4m3fn: half the bytes "
+                        "a position costs, twice the positions a GiB holds)")
     b.add_argument("--quiet", action="store_true", help="no progress bar")
     b.add_argument("--ort-providers", nargs="+", default=None, metavar="PROVIDER",
                    help="onnxruntime: execution providers recorded in the manifest (default: CUDAExecutionProvider "
@@ -679,7 +687,7 @@ def cmd_check(args) -> int:
 def generation_parity(engine_dir: str | Path, model_dir: str | Path, prompts: list[list[int]], new_tokens: int,
                       device: str = "cpu") -> dict:
     """Greedy tokens of the built engine against the eager paged engine on the same checkpoint, in the
-    engine's dtype, under the same scheduler: {"equal", "engine", "eager", "first_difference"}."""
+    engine's dtypes (weights and arena), under the same scheduler: {"equal", "engine", "eager", "first_difference"}."""
     from g4rt.models import manifest as mf
     from g4rt.models.checkpoint import load_model
     from g4rt.runtime.engines import open_engine
@@ -694,7 +702,7 @@ def generation_parity(engine_dir: str | Path, model_dir: str | Path, prompts: li
     got = [o.token_ids for o in LLM(engine, frames, config, eos_ids=()).generate(
         prompts, SamplingParams(max_new_tokens=new_tokens))]
     del engine
-    model = load_model(model_dir, dtype=manifest["dtype"], device=device)
+    model = load_model(model_dir, dtype=manifest["dtype"], device=device, kv_dtype=mf.manifest_kv_dtype(manifest))
     want = [o.token_ids for o in LLM.paged(model, num_frames=frames, page_tokens=manifest["geometry"]["page_tokens_arg"],
                                            config=config).generate(prompts, SamplingParams(max_new_tokens=new_tokens))]
     first = next(((i, j) for i, (a, b) in enumerate(zip(got, want)) for j, (x, y) in enumerate(zip(a, b)) if x != y),

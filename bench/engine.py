@@ -802,7 +802,8 @@ def main(argv=None) -> int:
     wbytes = weight_bytes_per_step(model)
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
-         "kv_dtype": model.layout.dtype, "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
+         "kv_dtype": model.layout.dtype, "blas": str(torch.backends.cuda.preferred_blas_library()),
+         "bf16_reduced_reduction": a.bf16_reduction,
          "shared_carveout": a.shared_carveout,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})

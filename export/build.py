@@ -26,7 +26,7 @@ from tqdm import tqdm
 from g4rt.models import manifest as mf
 from g4rt.models.checkpoint import checkpoint_files, load_model
 from g4rt.models.config import load_config
-from g4rt.models.layout import ALIGN, PAGE_TOKENS, KVLayout, PageGeometry, torch_dtype
+from g4rt.models.layout import ALIGN, PAGE_TOKENS, KVLayout, PageGeometry, dtype_name, torch_dtype
 from g4rt.models.paged import PagedStep
 from g4rt.models.profiles import StepLimits, derive_profiles
 from g4rt.models.tiny import resolve_model_dir as _resolve
@@ -126,11 +126,14 @@ def _link_or_copy(src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)
 
 
-def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int) -> dict:
+def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_tokens: int,
+                          kv_dtype: str | None = None) -> dict:
     """The inductor engine directory: manifest, the checkpoint's files under weights/, an empty
-    compile cache. Compilation happens when the engine is opened (runtime/engines/inductor.py)."""
+    compile cache. Compilation happens when the engine is opened (runtime/engines/inductor.py). `kv_dtype`: the
+    arena's (layout.KV_DTYPES; default `dtype`), recorded as the manifest's `kv_dtype`."""
     cfg = load_config(model_dir)
-    geometry = _geometry(cfg, dtype, page_tokens)
+    kv_dtype = dtype_name(kv_dtype or dtype, kv=True)
+    geometry = _geometry(cfg, kv_dtype, page_tokens)
     weights = out_dir / WEIGHTS_DIR
     weights.mkdir(parents=True, exist_ok=True)
     for src in [model_dir / "config.json", *sorted(set(checkpoint_files(model_dir).values()))]:
@@ -141,7 +144,8 @@ def write_inductor_engine(model_dir: Path, out_dir: Path, *, dtype: str, page_to
     manifest = _manifest(
         cfg, geometry, model_dir, "inductor", dtype, page_tokens,
         files={"weights": WEIGHTS_DIR, "compile_cache": CACHE_DIR, **copy_tokenizer(model_dir, out_dir)},
-        extra={"compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets",
+        extra={"kv_dtype": kv_dtype,
+               "compile": {"mode": "default", "scope": "layers", "cuda_graphs": "decode buckets",
                            "batch_buckets": "powers of two up to the largest batch"}})
     (out_dir / CACHE_DIR).mkdir(parents=True, exist_ok=True)
     mf.write_manifest(out_dir, manifest)
@@ -182,9 +186,13 @@ def check_backend_available(backend: str) -> None:
 
 def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: str | None = None,
           page_tokens: int = PAGE_TOKENS, progress: bool = True, limits: StepLimits | None = None,
-          providers: list[str] | None = None) -> Path:
+          providers: list[str] | None = None, kv_dtype: str | None = None) -> Path:
     """Build an engine directory for `backend` and return its path. tensorrt needs `limits` (its
-    optimization profile); onnxruntime records `providers` (its execution providers) in the manifest."""
+    optimization profile); onnxruntime records `providers` (its execution providers) in the manifest; `kv_dtype`
+    (inductor only: the ONNX graph's arena holds the weights' dtype) the arena's dtype."""
+    if kv_dtype is not None and backend != "inductor":
+        raise BuildError(f"kv_dtype {kv_dtype!r}: only inductor engines take an arena dtype of their own; a {backend} "
+                         f"engine's arena holds the weights' dtype (--dtype)")
     check_backend_available(backend)
     if backend == "tensorrt" and limits is None:
         raise BuildError("a tensorrt build needs step limits (max batched tokens, chunk, sequences, frames, model "
@@ -196,7 +204,8 @@ def build(model_spec: str | Path, backend: str, out_dir: str | Path, *, dtype: s
     with tqdm(total=steps, desc="", disable=not progress, unit="step") as bar:
         if backend == "inductor":
             _tick(bar, "write inductor engine")
-            write_inductor_engine(resolve_model_dir(model_spec), out, dtype=dtype, page_tokens=page_tokens)
+            write_inductor_engine(resolve_model_dir(model_spec), out, dtype=dtype, page_tokens=page_tokens,
+                                  kv_dtype=kv_dtype)
         else:
             manifest = export_onnx(model_spec, out, dtype=dtype, page_tokens=page_tokens, backend=backend, bar=bar,
                                    limits=limits)

@@ -142,11 +142,16 @@ def manifest_config(manifest: dict) -> Gemma4Config:
     return config_from_dict(manifest["model"]["config"], "manifest.json model.config")
 
 
+def manifest_kv_dtype(manifest: dict) -> str:
+    """The engine's arena dtype: its `kv_dtype` (an inductor engine built with one), else its weights' `dtype`."""
+    return manifest.get("kv_dtype") or manifest["dtype"]
+
+
 def manifest_geometry(manifest: dict) -> PageGeometry:
-    """Rebuild the engine's PageGeometry from its config and page settings, and insist that it is the
+    """Rebuild the engine's PageGeometry from its config, KV dtype and page settings, and insist that it is the
     geometry the engine was built with (layout code may have changed since)."""
     g = manifest["geometry"]
-    geometry = PageGeometry.build(KVLayout.from_config(manifest_config(manifest), manifest["dtype"]),
+    geometry = PageGeometry.build(KVLayout.from_config(manifest_config(manifest), manifest_kv_dtype(manifest)),
                                   g["page_tokens_arg"], g["align"])
     _compare("geometry", geometry_record(geometry, g["page_tokens_arg"], g["align"]), g)
     return geometry

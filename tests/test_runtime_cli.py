@@ -274,6 +274,27 @@ def inductor_dir(model_dir, tmp_path_factory):
     return out
 
 
+def test_an_inductor_engine_built_with_a_one_byte_arena(model_dir, tmp_path):
+    """`build --kv-dtype`: an inductor engine's manifest records the arena's dtype, whose geometry (half the frame
+    bytes, the same positions) the runtime rebuilds and checks; a manifest without the field keeps the weights'
+    dtype; other backends and tensor-parallel ranks refuse it by name."""
+    from g4rt.export.build import BuildError, build, write_inductor_engine
+    from g4rt.models import manifest as mf
+
+    plain = write_inductor_engine(model_dir, tmp_path / "bf16", dtype="bfloat16", page_tokens=4)
+    fp8 = write_inductor_engine(model_dir, tmp_path / "fp8", dtype="bfloat16", page_tokens=4, kv_dtype="float8_e4m3fn")
+    assert (plain["kv_dtype"], fp8["kv_dtype"], fp8["dtype"]) == ("bfloat16", "float8_e4m3fn", "bfloat16")
+    g_plain, g_fp8 = mf.manifest_geometry(plain), mf.manifest_geometry(fp8)
+    assert g_fp8.layout.dtype == "float8_e4m3fn" and g_fp8.page_tokens == g_plain.page_tokens
+    assert 2 * g_fp8.frame_bytes() == g_plain.frame_bytes()
+    older = {k: v for k, v in plain.items() if k != "kv_dtype"}
+    assert mf.manifest_kv_dtype(older) == "bfloat16" and mf.manifest_geometry(older) == g_plain
+    with pytest.raises(BuildError, match="kv_dtype 'float8_e4m3fn': only inductor engines"):
+        build(model_dir, "onnxruntime", tmp_path / "ort", kv_dtype="float8_e4m3fn", progress=False)
+    with pytest.raises(SystemExit, match="--tensor-parallel: the engine in .* has a float8_e4m3fn arena"):
+        main(["generate", "--engine", str(tmp_path / "fp8"), "--token-ids", "2", "--tensor-parallel", "2"])
+
+
 def test_the_device_and_kernels_reach_a_built_engine(monkeypatch, inductor_dir):
     """--device goes to the backends that take one (inductor, tensorrt; default CUDA, where they run),
     --kernels too for inductor; the scheduler defaults are that device's."""

@@ -31,10 +31,9 @@
 #      (write = next/decode-write, norm = next/decode-norm)
 # Sessions 33-35's: the results README's sections name them (session 35: an H200, `needs_h200`, arms `new` = main
 # 97aa10c, `old` = 2ab16cf, `sp3` = next/split3; the calls are in its section).
-# The next call: `next/wave3` (in main since session 35: the cut over K rounded down from three programs an SM) on
-# the 26B-A4B (its o_proj in 9 runs, 6 before) against main before it (97aa10c; an H100 will do, arms compare
-# within a call); its E2B, E4B and 31B plans are measured (session 35):
+# Session 36 ran the call for `next/wave3` on the 26B-A4B (its o_proj cut in 8 runs on an H100, 6 before; a tie):
 #   MODELS="26b-a4b" B1_CAP=90 ARMS="pre new pre new pre new" bash export/results/s31_h200.sh b1 585
+# with ab/pre from the loop below (pre:97aa10c); the H200's plan (9 runs) is not measured.
 #
 #     for a in pre:97aa10c; do git archive --prefix=ab/${a%%:*}/g4rt/ ${a#*:} | tar -x; done
 #     bash export/results/s31_h200.sh PART [budget_s]      # default 570 s; results under $OUT

@@ -13,8 +13,8 @@
 #          `--kv-dtype float8_e4m3fn` (three contexts as the requests grow)
 #
 #     bash export/results/s36_h200.sh PART [budget_s]      # default 570 s; results under $OUT
-# The calls (run's needs_h200 true: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's weights):
-#   1  ARMS="bf16 fp8" bash export/results/s36_h200.sh tests 590; then the same with PART steps in that call
+# The calls of session 36 (the steps need needs_h200: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's
+# weights); export/results/README.md, "A one-byte KV arena", gives each call's commands and tree.
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART

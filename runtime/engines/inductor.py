@@ -249,7 +249,7 @@ class InductorEngine:
         manifest = mf.check_manifest(engine_dir, backend="inductor")
         use_compile_cache(engine_dir, manifest)
         model = load_model(mf.resolve_file(engine_dir, manifest, "weights"), dtype=manifest["dtype"], device=device,
-                           kernels=kernels)
+                           kernels=kernels, kv_dtype=mf.manifest_kv_dtype(manifest))
         mf.check_manifest(engine_dir, config=model.config)
         return cls(model, mf.manifest_geometry(manifest), num_frames, manifest["compile"]["mode"],
                    manifest["compile"].get("scope", "layers"))
