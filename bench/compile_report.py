@@ -6,7 +6,7 @@ it: registers a thread uses, bytes spilled, shared memory a block asks for; `--i
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
         [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
-        [--config '{"num_stages": 3}']
+        [--kv-dtype float8_e4m3fn] [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
     python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--dtype bfloat16] [--arch 90] [--ir DIR]
 
@@ -39,27 +39,37 @@ from g4rt.plugins import triton_attention as ta
 from g4rt.plugins import triton_gemv as tg
 from g4rt.plugins.trt_kernels import ELEM_BYTES, TRITON_DTYPES
 
+KV_TRITON_DTYPES = {**TRITON_DTYPES, "float8_e4m3fn": "fp8e4nv"}  # an arena's dtypes, by layout.KV_DTYPES' names
+
 ALIGNED_INTS = ("k_offset", "v_offset", "stride_frame")  # multiples of 16 in every arena the runtime builds
 
 
 def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, decode: bool = False,
                      splits: int = 1, programs_per_sm: float = 0.0, window: bool = False, dtype: str = "bfloat16",
-                     config: dict | None = None, arch: int = 90, write: bool = False, norm: bool = False) -> dict:
+                     config: dict | None = None, arch: int = 90, write: bool = False, norm: bool = False,
+                     kv_dtype: str | None = None) -> dict:
     """Compile the kernel `paged_attention` would launch on a GPU of compute capability `arch`: the Gluon one
     where `takes_wgmma` holds (compute capability 9.x), else `_paged_attn_kernel`; returns which, the tiles, whether
     the copy descriptors were taken, registers, spill bytes (stores), shared bytes, the TTGIR and the PTX.
     `write`: a decode launch that writes the step's K/V rows itself (`paged_attention(write=...)`); `norm`: one
-    that norms and ropes its q, and with `write` those rows, from the layer's packed projection (`norms=`)."""
+    that norms and ropes its q, and with `write` those rows, from the layer's packed projection (`norms=`).
+    `kv_dtype`: the arena's (default `dtype`; float8_e4m3fn the one-byte arena)."""
     if (write or norm) and not decode:
         raise ValueError("write, norm: only a decode launch writes the step's K/V rows or norms its q itself")
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if q_heads % kv_heads:
         raise ValueError(f"q_heads ({q_heads}) must be a multiple of kv_heads ({kv_heads})")
-    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm), **(config or {})}
+    kv_dtype = kv_dtype or dtype
+    if kv_dtype not in KV_TRITON_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_TRITON_DTYPES)}, got {kv_dtype!r}")
+    kv_bytes = 1 if kv_dtype == "float8_e4m3fn" else ELEM_BYTES[kv_dtype]
+    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm, kv_bytes),
+           **(config or {})}
     window_left = 0 if window else -1
     t = TRITON_DTYPES[dtype]
-    if arch // 10 == 9 and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page):
+    if (arch // 10 == 9 and kv_dtype == dtype
+            and ta.takes_wgmma(cfg, decode, window_left, head_dim, ELEM_BYTES[dtype], q_heads // kv_heads, page)):
         fn, const, tma = ga._paged_attn_wgmma_kernel, ga.launch_constexprs(q_heads, kv_heads, head_dim, page), True
         desc = f"tensordesc<{t}[1, {ga.BLOCK_N}, {head_dim}],{ga.kv_layout(head_dim)!r}>"
         sig = {name: "i32" for name in fn.arg_names} | {"k_desc": desc, "v_desc": desc}
@@ -71,7 +81,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         sig = {name: "i32" for name in fn.arg_names} | {"ws_acc_ptr": "*fp32", "ws_ml_ptr": "*fp32"}
         const = ta.launch_constexprs(cfg, num_q_heads=q_heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                      page_size=page, num_splits=splits, fp32=dtype == "float32", copies=tma,
-                                     decode=decode)
+                                     decode=decode, kv_bytes=kv_bytes)
         const.update(PDL=arch >= 90, WRITE=write, NORM=norm)
         rows = {"k_new_ptr": f"*{t}" if write and not norm else None, "v_new_ptr": f"*{t}" if write and not norm
                 else None, "slots_ptr": "*i32" if write else None, "qw_ptr": f"*{t}" if norm else None,
@@ -80,12 +90,14 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
         sig.update({name: kind for name, kind in rows.items() if kind})
         const.update({name: None for name, kind in rows.items() if not kind})
         if tma:
-            sig["k_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim}]>"
-            sig["v_desc"] = f"tensordesc<{t}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
+            kv = KV_TRITON_DTYPES[kv_dtype]
+            sig["k_desc"] = f"tensordesc<{kv}[1, {cfg['block_n']}, {head_dim}]>"
+            sig["v_desc"] = f"tensordesc<{kv}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
         else:
             const.update(k_desc=None, v_desc=None)
         source, options = triton.compiler.ASTSource, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
-    sig.update({name: f"*{t}" for name in ("q_ptr", "arena_ptr", "out_ptr")}, scale="fp32",
+    sig.update({name: f"*{t}" for name in ("q_ptr", "out_ptr")}, arena_ptr=f"*{KV_TRITON_DTYPES[kv_dtype]}",
+               scale="fp32",
                **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")})
     sig.update({name: "constexpr" for name in const})
     aligned = [n for n in fn.arg_names if sig[n].startswith("*")] + list(ALIGNED_INTS)
@@ -155,6 +167,8 @@ def main(argv=None):
                     help="a decode that norms and ropes its q (with --write, its K/V rows too) from the projection")
     ap.add_argument("--window", action="store_true", help="a sliding layer: no copy descriptors")
     ap.add_argument("--dtype", default="bfloat16", choices=sorted(TRITON_DTYPES))
+    ap.add_argument("--kv-dtype", default=None, choices=sorted(KV_TRITON_DTYPES),
+                    help="the arena's dtype (default --dtype; float8_e4m3fn: the one-byte arena)")
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
                                                    "'{\"rows\": 64, \"num_stages\": 3, \"tma\": false}'")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
@@ -181,7 +195,8 @@ def main(argv=None):
     report = attention_report(head_dim=args.head_dim, page=args.page, q_heads=args.q_heads,
                               kv_heads=args.kv_heads, decode=args.decode, splits=args.splits,
                               programs_per_sm=args.programs_per_sm, window=args.window,
-                              dtype=args.dtype, config=config, arch=args.arch, write=args.write, norm=args.norm)
+                              dtype=args.dtype, config=config, arch=args.arch, write=args.write, norm=args.norm,
+                              kv_dtype=args.kv_dtype)
     return emit(report, args, "attention")
 
 

@@ -6,27 +6,38 @@
 #          the GPU), the log kept as $OUT/gpu_tests.txt
 #   kernels  the 31B's layers' decode at batch 64/128/256, context 200, tiles forced: `bench.kernels
 #          --decode-batch [--decode-batch-tiles] --kv-dtype D` for D in $KV (default "bfloat16 float8_e4m3fn"),
-#          for each of $TABLES (default "table tiles": BATCH_DECODE, BATCH_SMALL), the log kept as a .txt
+#          for each of $TABLES (default "table tiles": BATCH_DECODE, BATCH_SMALL; `fma`: BATCH_FMA, a tree that
+#          has it), the log kept as a .txt
 #   steps  the 31B's decode steps at the batches $STEPS (default 64,128,256), arms $ARMS alternated (default
 #          "bf16 fp8", a process each of at most $STEPS_CAP seconds, default 110): `bench.engine --config 31b
 #          --skip-hf --batches "" --engines inductor --decode-steps $STEPS --reps 3`, the fp8 arm with
-#          `--kv-dtype float8_e4m3fn` (three contexts as the requests grow)
+#          `--kv-dtype float8_e4m3fn` (three contexts as the requests grow); an arm TREE/bf16 or TREE/fp8 runs
+#          ab/TREE (a `git archive --prefix=ab/TREE/g4rt/ REV`, carried) instead of this checkout
+#   tests and kernels run this checkout; `PKG=ab/TREE` runs that tree's instead
 #
 #     bash export/results/s36_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 # The calls of session 36 (the steps need needs_h200: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's
 # weights); export/results/README.md, "A one-byte KV arena", gives each call's commands and tree.
+# The next call (needs_h200): `next/fma-decode` (the e4m3 sliding decode on the CUDA cores, its rows the group's
+# heads alone) against main's e4m3 MMA tile and bf16:
+#   git archive --prefix=ab/fma/g4rt/ next/fma-decode | tar -x      # then run with carry ["ab"]
+#   PKG=ab/fma TESTS=tests/test_kv_fp8_gpu.py bash export/results/s36_h200.sh tests 100
+#   PKG=ab/fma KV="float8_e4m3fn bfloat16" TABLES=fma bash export/results/s36_h200.sh kernels 150
+#   ARMS="fma/fp8 fp8 bf16 fma/fp8 fp8 bf16" STEPS_CAP=80 bash export/results/s36_h200.sh steps 560   # a second call
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
 mkdir -p "${OUT:?OUT must name the results directory}"
 source export/results/device_call.sh
 case $PART in
-  tests) run_part gpu_tests 240 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_kv_fp8_gpu.py \
+  tests) [ -n "${PKG:-}" ] && cd "$PKG/g4rt" && export PYTHONPATH=$OLDPWD/$PKG
+         run_part gpu_tests 240 python3 -m pytest -q -p no:cacheprovider ${TESTS:-tests/test_kv_fp8_gpu.py \
            tests/test_plugins_decode_gpu.py}
          cp "$OUT/gpu_tests.log" "$OUT/gpu_tests.txt"; tail -3 "$OUT/gpu_tests.log" ;;
-  kernels) for kv in ${KV:-bfloat16 float8_e4m3fn}; do
+  kernels) [ -n "${PKG:-}" ] && export PYTHONPATH=$PWD/$PKG
+           for kv in ${KV:-bfloat16 float8_e4m3fn}; do
              for t in ${TABLES:-table tiles}; do
-               flag=""; [ "$t" = tiles ] && flag=--decode-batch-tiles
+               flag=""; [ "$t" != table ] && flag=--decode-batch-$t
                run_part "kernels_${kv}_$t" 150 python3 -m g4rt.bench.kernels --out "$OUT/kernels_${kv}_$t" \
                  --decode-batch $flag --kv-dtype "$kv"
                cp "$OUT/kernels_${kv}_$t.log" "$OUT/kernels_${kv}_$t.txt"; rm -rf "$OUT/kernels_${kv}_$t"
@@ -34,9 +45,10 @@ case $PART in
            done ;;
   steps) n=0
          for a in ${ARMS:-bf16 fp8}; do
-           n=$((n + 1)); kv=()
-           [ "$a" = fp8 ] && kv=(--kv-dtype float8_e4m3fn)
-           run_arm /tmp/pkg "$a" $n steps_31b "${STEPS_CAP:-110}" engine --config 31b --skip-hf --batches "" \
+           n=$((n + 1)); kv=(); pkg=/tmp/pkg
+           [ "${a#*/}" = fp8 ] && kv=(--kv-dtype float8_e4m3fn)
+           [ "${a%/*}" != "$a" ] && pkg=$PWD/ab/${a%/*}
+           run_arm "$pkg" "${a//\//-}" $n steps_31b "${STEPS_CAP:-110}" engine --config 31b --skip-hf --batches "" \
              --engines inductor --decode-steps "${STEPS:-64,128,256}" --reps 3 "${kv[@]}"
          done ;;
   *) echo "unknown PART $PART"; exit 2 ;;
