@@ -278,8 +278,8 @@ def _paged_attn_kernel(
         q = q.to(tl.float32)
     elif arena_ptr.dtype.element_ty.primitive_bitwidth == 8:
         # A one-byte (e4m3) arena's tiles widen to fp16, which holds every e4m3 value, in one conversion a pair
-        # (to bf16 it takes three, and the decode at serving batches is bound by that work, not by its bytes); q
-        # (normed: far inside fp16's range) and P go to fp16 with them, the sums stay fp32.
+        # (to bf16 it takes three); q (normed: far inside fp16's range) and P go to fp16 with them, the sums stay
+        # fp32.
         q = q.to(tl.float16)
     if EARLY:
         p, alpha, m_i, l_i = _fold_scores(q, kt.to(q.dtype), qk_scale, m_i, l_i, kn, k_ok, pos, wl, True, UPCAST, PREC)
