@@ -6,6 +6,7 @@
     python -m g4rt.bench.kernels --out DIR --decode-batch      # the 31B's decode at batch 64-256, tiles forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-tiles    # ... smaller sliding CTAs
+    python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-fma      # ... products on the CUDA cores
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
     python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 8192,2048,256]  # the q/k/v norm kernel's tiles
 
@@ -92,6 +93,10 @@ BATCH_DECODE = {"31B-sliding": ((64, 4, 2), (32, 4, 2), (32, 4, 3), (64, 4, 1), 
                              (32, 2, 2))}
 BATCH_SMALL = {"31B-sliding": ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (32, 2, 3), (16, 1, 2), (32, 1, 2),
                                (16, 1, 3))}
+# BATCH_FMA (--decode-batch-fma): both layers' decode with its group's heads alone as the tile's rows and the
+# products on the CUDA cores (the `fma` tile: no MMA's 16-row padding; the 31B's groups are 2 and 8 heads).
+BATCH_FMA = {"31B-sliding": ((16, 2, 2), (16, 1, 2), (16, 2, 3), (32, 2, 2), (16, 4, 2), (32, 4, 2), (8, 1, 2)),
+             "31B-full": ((16, 2, 2), (16, 4, 2), (32, 4, 2), (8, 2, 2), (16, 4, 1))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
                 "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
@@ -517,6 +522,8 @@ def main(argv=None):
                     help="with --decode-batch: split counts forced over the unsplit tiles (BATCH_SPLITS) instead")
     ap.add_argument("--decode-batch-tiles", action="store_true",
                     help="with --decode-batch: the sliding layer on smaller CTAs (BATCH_SMALL) instead")
+    ap.add_argument("--decode-batch-fma", action="store_true",
+                    help="with --decode-batch: the tiles of the decode on the CUDA cores (BATCH_FMA) instead")
     ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
                     help="with --decode-batch: the arena's dtype (float8_e4m3fn: the one-byte arena)")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
@@ -563,12 +570,14 @@ def main(argv=None):
                             splits=s, sdpa=s == 1)
         return _write(res, args.out, t_start)
     if args.decode_batch:
-        table = BATCH_SPLITS if args.decode_batch_splits else BATCH_SMALL if args.decode_batch_tiles else BATCH_DECODE
+        table = (BATCH_SPLITS if args.decode_batch_splits else BATCH_SMALL if args.decode_batch_tiles
+                 else BATCH_FMA if args.decode_batch_fma else BATCH_DECODE)
+        rows = dict(rows=1, fma=True) if args.decode_batch_fma else dict(rows=16)
         for layer, tiles in table.items():
             for b in BATCH_SIZES:
                 for n, w, st, splits in ((*t, None)[:4] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
-                            flex_fn=None, config=dict(rows=16, block_n=n, num_warps=w, num_stages=st), splits=splits,
+                            flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st), splits=splits,
                             sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True))
         return _write(res, args.out, t_start)
     try:

@@ -85,10 +85,15 @@ def _prefetch_rows(rows, nbytes):
 @triton.jit
 def _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK: tl.constexpr, UPCAST: tl.constexpr,
                  PREC: tl.constexpr):
-    """A key tile's scores folded into the online softmax: (p, alpha, m_new, l_new)."""
+    """A key tile's scores folded into the online softmax: (p, alpha, m_new, l_new). PREC is tl.dot's input
+    precision, or "fma": the products in fp32 on the CUDA cores (a decode whose rows are its group's heads alone,
+    fewer than the 16 an MMA takes)."""
     if UPCAST:
         kt = kt.to(tl.float32)
-    s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
+    if PREC == "fma":
+        s = tl.sum(q.to(tl.float32)[:, None, :] * kt.to(tl.float32)[None, :, :], axis=2) * qk_scale
+    else:
+        s = tl.dot(q, tl.trans(kt), input_precision=PREC) * qk_scale
     if MASK:
         seen = (k_ok[None, :] & (kn[None, :] <= pos[:, None])) & (kn[None, :] >= pos[:, None] - wl)
         s = tl.where(seen, s, float("-inf"))
@@ -103,7 +108,11 @@ def _fold_scores(q, kt, qk_scale, m_i, l_i, kn, k_ok, pos, wl, MASK: tl.constexp
 def _fold_values(acc, p, alpha, vt, UPCAST: tl.constexpr, PREC: tl.constexpr):
     if UPCAST:
         vt = vt.to(tl.float32)
-    return acc * alpha[:, None] + tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
+    if PREC == "fma":  # P stays fp32: no MMA operand to round it for
+        pv = tl.sum(p[:, :, None] * vt.to(tl.float32)[None, :, :], axis=1)
+    else:
+        pv = tl.dot(p.to(vt.dtype), vt, input_precision=PREC)
+    return acc * alpha[:, None] + pv
 
 
 @triton.jit
@@ -372,7 +381,11 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
       the sliding layer's 16-key tiles over 2 warps in 3 stages (the fastest of `bench.kernels --decode-batch
       --decode-batch-tiles --kv-dtype float8_e4m3fn` at the 31B's batch 64-256 on the H200), and an unsplit full
       layer's 32-key tiles in one stage (the fastest on an H100, before the widening to fp16; export/results/README.md,
-      session 36)."""
+      session 36).
+    * `fma` (a config key no default takes yet, with `rows` 1): a decode whose tile is its group's heads alone, its
+      two products in fp32 on the CUDA cores, without an MMA's 16-row padding (the 31B's sliding layers compute 2
+      rows) and without the one-warp MMA tile's spills on the device's Triton; `bench.kernels --decode-batch
+      --decode-batch-fma` times it (not yet on a GPU; `next/fma-decode` makes it the e4m3 default)."""
     one_byte = (kv_bytes or elem_bytes) == 1
     if decode and one_byte and splits == 1 and head_dim > 256:
         cfg = {"rows": 16, "block_n": 32, "num_warps": 4, "num_stages": 1}
@@ -475,7 +488,8 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
     return dict(HQ=num_q_heads, HKV=num_kv_heads, G=group, GP=gp, D=head_dim, PAGE=int(page_size),
                 BLOCK_Q=query_block(cfg["rows"], group),
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
-                INTERIOR=cfg.get("interior", True), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32",
+                INTERIOR=cfg.get("interior", True), UPCAST=interpreting(),
+                PREC="fma" if cfg.get("fma") else "ieee" if fp32 else "tf32",
                 TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
 
 

@@ -141,6 +141,30 @@ def test_low_precision(dtype, decode):
     check(batch, decode=decode, num_splits=2 if decode else None)
 
 
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("kv_dtype", [None, FP8])
+@pytest.mark.parametrize("splits", [1, 3])
+def test_a_decode_on_the_cuda_cores(group, kv_dtype, splits):
+    """`fma`: a decode's tile is its group's heads alone (rows 1: no MMA's 16-row padding) and its products are fp32
+    on the CUDA cores, against the reference (poisoned arena), bf16 queries, either arena."""
+    batch = batch_of([1, 1, 1], [70, 30, 9], 2 * group, 2, 64, 16, wl=window_left(24), resident=True,
+                     dtype=torch.bfloat16, seed=17, kv_dtype=kv_dtype)
+    seen = []
+    real = ta.launch_constexprs
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+        check(batch, decode=True, num_splits=splits, config={"rows": 1, "fma": True})
+    assert seen[-1]["PREC"] == "fma" and seen[-1]["BLOCK_Q"] == 1
+    if splits > 1 and group == 2:  # the early tile (an arena on the line grid) on the CUDA cores too
+        seen.clear()
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+            check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=0,
+                           dtype=torch.bfloat16, kv_dtype=kv_dtype), decode=True, num_splits=2,
+                  config={"rows": 1, "fma": True})
+        assert seen[-1]["EARLY"] and seen[-1]["PREC"] == "fma"
+
+
 def test_query_seeing_no_key_yields_zeros():
     batch = batch_of([3], [6], 2, 1, 16, 4, wl=1)
     batch.first_page[0] = 1  # keys start at 4; the chunk's first query (position 3) sees none
