@@ -33,6 +33,7 @@ from triton.backends.nvidia.compiler import get_ptxas
 
 from triton.experimental.gluon._runtime import GluonASTSource
 
+from g4rt.models.layout import torch_dtype
 from g4rt.plugins import gluon_attention as ga
 from g4rt.plugins import launch
 from g4rt.plugins import triton_attention as ta
@@ -63,7 +64,7 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     kv_dtype = kv_dtype or dtype
     if kv_dtype not in KV_TRITON_DTYPES:
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_TRITON_DTYPES)}, got {kv_dtype!r}")
-    kv_bytes = 1 if kv_dtype == "float8_e4m3fn" else ELEM_BYTES[kv_dtype]
+    kv_bytes = torch_dtype(kv_dtype, kv=True).itemsize
     cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm, kv_bytes),
            **(config or {})}
     window_left = 0 if window else -1

@@ -31,6 +31,14 @@ TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
 FP8 = torch.float8_e4m3fn  # a one-byte KV arena (layout.KV_DTYPES)
 
 
+@pytest.fixture
+def launched(monkeypatch):
+    """The constexprs of every attention launch the test makes, in order (launch_constexprs recorded)."""
+    seen, real = [], ta.launch_constexprs
+    monkeypatch.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
+    return seen
+
+
 def check(batch, tol=None, **kernel_kw):
     """Kernel (poisoned arena, NaN output) vs reference (clean arena); returns the kernel output."""
     want = paged_attention_ref(*batch.args())
@@ -144,25 +152,18 @@ def test_low_precision(dtype, decode):
 @pytest.mark.parametrize("group", [1, 2, 8])
 @pytest.mark.parametrize("kv_dtype", [None, FP8])
 @pytest.mark.parametrize("splits", [1, 3])
-def test_a_decode_on_the_cuda_cores(group, kv_dtype, splits):
+def test_a_decode_on_the_cuda_cores(launched, group, kv_dtype, splits):
     """`fma`: a decode's tile is its group's heads alone (rows 1: no MMA's 16-row padding) and its products are fp32
     on the CUDA cores, against the reference (poisoned arena), bf16 queries, either arena."""
     batch = batch_of([1, 1, 1], [70, 30, 9], 2 * group, 2, 64, 16, wl=window_left(24), resident=True,
                      dtype=torch.bfloat16, seed=17, kv_dtype=kv_dtype)
-    seen = []
-    real = ta.launch_constexprs
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
-        check(batch, decode=True, num_splits=splits, config={"rows": 1, "fma": True})
-    assert seen[-1]["PREC"] == "fma" and seen[-1]["BLOCK_Q"] == 1
+    check(batch, decode=True, num_splits=splits, config={"rows": 1, "fma": True})
+    assert launched[-1]["PREC"] == "fma" and launched[-1]["BLOCK_Q"] == 1
     if splits > 1 and group == 2:  # the early tile (an arena on the line grid) on the CUDA cores too
-        seen.clear()
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
-            check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=0,
-                           dtype=torch.bfloat16, kv_dtype=kv_dtype), decode=True, num_splits=2,
-                  config={"rows": 1, "fma": True})
-        assert seen[-1]["EARLY"] and seen[-1]["PREC"] == "fma"
+        check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=0,
+                       dtype=torch.bfloat16, kv_dtype=kv_dtype), decode=True, num_splits=2,
+              config={"rows": 1, "fma": True})
+        assert launched[-1]["EARLY"] and launched[-1]["PREC"] == "fma"
 
 
 def test_query_seeing_no_key_yields_zeros():
@@ -537,16 +538,13 @@ def test_the_early_tile_only_where_a_key_row_is_whole_cache_lines():
 
 @pytest.mark.parametrize("kv_dtype", [None, FP8])
 @pytest.mark.parametrize("frame_pad, early", [(0, True), (5, False)])
-def test_an_arena_on_the_line_grid_decodes_through_the_early_tile(monkeypatch, frame_pad, early, kv_dtype):
+def test_an_arena_on_the_line_grid_decodes_through_the_early_tile(launched, frame_pad, early, kv_dtype):
     """The early tile runs (and matches the reference, poisoned arena) where the arena's offsets and frame stride are
     whole 128-byte lines; a frame padded off that grid takes the plain loop (the GPU's bulk L2 request for V
     would fault on such an address, and the L1 argument would not hold)."""
-    seen = []
-    real = ta.launch_constexprs
-    monkeypatch.setattr(ta, "launch_constexprs", lambda *a, **kw: seen.append(real(*a, **kw)) or seen[-1])
     check(batch_of([1, 1], [40, 9], 4, 2, 256, 16, wl=window_left(16), resident=True, seed=1, frame_pad=frame_pad,
                    kv_dtype=kv_dtype), decode=True, num_splits=2)
-    assert [c["EARLY"] for c in seen] == [early]
+    assert [c["EARLY"] for c in launched] == [early]
 
 
 @pytest.mark.parametrize("name", ["arena", "page_table"])
