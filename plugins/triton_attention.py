@@ -352,10 +352,11 @@ def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr,
 
 
 WIDE_DECODE = 6  # programs an SM from which an unsplit head-dim-256 decode takes one-warp tiles (default_config)
+FMA_GROUP = 2  # the largest group whose wide unsplit decode runs on the CUDA cores (`fma`, default_config)
 
 
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1,
-                   programs_per_sm: float = 0.0, kv_bytes: int | None = None) -> dict:
+                   programs_per_sm: float = 0.0, kv_bytes: int | None = None, group: int = 1) -> dict:
     """Tile shapes by head dim. Rows = query tokens x padded group heads; tl.dot needs >= 16. Each choice is the
     fastest of the H200 sweeps (`bench.kernels --prefill-only` / `--decode-batch`, `bench.compile_report`;
     numbers in plugins/results):
@@ -387,7 +388,9 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
       rows) and without the one-warp MMA tile's spills on the device's Triton; `bench.kernels --decode-batch
       --decode-batch-fma` times it (not yet on a GPU; `next/fma-decode` makes it the e4m3 default)."""
     one_byte = (kv_bytes or elem_bytes) == 1
-    if decode and one_byte and splits == 1 and head_dim > 256:
+    if decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE and group <= FMA_GROUP:
+        cfg = {"rows": 1, "block_n": 8, "num_warps": 1, "num_stages": 2, "fma": True}
+    elif decode and one_byte and splits == 1 and head_dim > 256:
         cfg = {"rows": 16, "block_n": 32, "num_warps": 4, "num_stages": 1}
     elif decode and one_byte and splits == 1 and programs_per_sm >= WIDE_DECODE:
         cfg = {"rows": 16, "block_n": 16, "num_warps": 2, "num_stages": 3}
@@ -584,7 +587,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     num_splits = num_splits or 1
     # per SM, from the batch's graph bucket (as decode_splits): an eager step and its padded replay pick one tile
     per_sm = pow2_bucket(B) * HKV / sm_count(q.device) if is_decode else 0.0
-    cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm, arena.element_size()),
+    cfg = {**default_config(D, is_decode, q.element_size(), num_splits, per_sm, arena.element_size(), HQ // HKV),
            **(config or {})}
     if out is None:
         out = q.new_empty(T, HQ, D)

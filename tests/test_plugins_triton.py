@@ -187,21 +187,27 @@ def test_decode_split_heuristic():
 
 def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
     """A decode with a program per SM or more (one split) at head dim 256 runs 32-key tiles over 2 warps, and
-    from WIDE_DECODE programs an SM 16-key tiles over one warp, so several CTAs share an SM (plugins/results,
-    --decode-batch); split decodes and head dim 512 keep theirs.
-    The batch here is such a decode (32 sequences x 8 KV heads, windowed, resident tables), on both tiles:
+    from WIDE_DECODE programs an SM 16-key tiles over one warp, so several CTAs share an SM, or for a group of at
+    most FMA_GROUP heads 8-key tiles on the CUDA cores (plugins/results, --decode-batch); split decodes and head
+    dim 512 keep theirs.
+    The batch here is such a decode (32 sequences x 8 KV heads, group 2, windowed, resident tables), on the three:
     poisoned arena, NaN output, against the reference in bf16."""
     assert ta.default_config(256, True, 2, splits=1) == {"rows": 16, "block_n": 32, "num_warps": 2, "num_stages": 2,
                                                          "interior": True}
-    wide = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE)
+    wide = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, group=ta.FMA_GROUP + 1)
     assert (wide["block_n"], wide["num_warps"]) == (16, 1)
+    # a group of at most FMA_GROUP heads: 8-key tiles on the CUDA cores over one warp, either arena
+    for kv_bytes in (2, 1):
+        fma = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, kv_bytes=kv_bytes,
+                                group=ta.FMA_GROUP)
+        assert (fma["rows"], fma["block_n"], fma["num_warps"], fma.get("fma")) == (1, 8, 1, True)
     assert ta.default_config(256, True, 2, splits=4, programs_per_sm=ta.WIDE_DECODE)["block_n"] == 64
     assert ta.default_config(512, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE)["num_warps"] == 4
     assert ta.default_config(256, True, 2, splits=4)["block_n"] == 64
     assert ta.default_config(512, True, 2, splits=1)["block_n"] == 32
     assert ta.default_config(512, True, 2, splits=1)["num_warps"] == 4
     # a one-byte arena: 3-stage 16-key tiles over 2 warps from WIDE_DECODE programs an SM, one-stage 32-key at D=512
-    fp8 = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, kv_bytes=1)
+    fp8 = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, kv_bytes=1, group=4)
     assert (fp8["block_n"], fp8["num_warps"], fp8["num_stages"]) == (16, 2, 3)
     assert ta.default_config(256, True, 2, splits=1, kv_bytes=1)["block_n"] == 32
     assert ta.default_config(512, True, 2, splits=1, kv_bytes=1)["num_stages"] == 1
@@ -211,6 +217,7 @@ def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
     assert ta.decode_splits(32, 8, batch.page_table.shape[1] * 16, 256, batch.q.device) == 1
     check(batch, decode=True)
     check(batch, decode=True, config={k: wide[k] for k in ("block_n", "num_warps", "num_stages")})
+    check(batch, decode=True, config=fma)
 
 
 def test_decode_padded_to_graph_buckets_gives_the_same_bits():
