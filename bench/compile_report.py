@@ -65,8 +65,8 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
     if kv_dtype not in KV_TRITON_DTYPES:
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_TRITON_DTYPES)}, got {kv_dtype!r}")
     kv_bytes = torch_dtype(kv_dtype, kv=True).itemsize
-    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm, kv_bytes),
-           **(config or {})}
+    cfg = {**ta.default_config(head_dim, decode, ELEM_BYTES[dtype], splits, programs_per_sm, kv_bytes,
+                               q_heads // kv_heads), **(config or {})}
     window_left = 0 if window else -1
     t = TRITON_DTYPES[dtype]
     if (arch // 10 == 9 and kv_dtype == dtype

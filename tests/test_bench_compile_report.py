@@ -69,25 +69,27 @@ def test_a_sliding_layer_and_an_explicit_override_keep_the_element_loads(tmp_pat
 
 
 def test_a_one_byte_arena_widens_each_pair_to_fp16_in_one_conversion(tmp_path):
-    """`--kv-dtype float8_e4m3fn`: the 31B's sliding decode at a serving batch takes the e4m3 tile (16 keys, 2 warps,
-    3 stages) and widens each pair of elements with one `cvt.rn.f16x2.e4m3x2` into fp16 MMAs, no bf16 ones; it
-    writes its own rows through satfinite e4m3 conversions; the full layer's prefill keeps the Triton kernel; the
-    `fma` tile takes no MMA and spills nothing."""
-    out = report(tmp_path / "decode", "--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16",
-                 "--decode", "--programs-per-sm", "8", "--write", "--norm", "--window", "--kv-dtype", "float8_e4m3fn")
+    """`--kv-dtype float8_e4m3fn`: the 31B's sliding decode at a serving batch (group 2) takes the `fma` tile (8 keys,
+    one warp): fp32 products on the CUDA cores, no MMA, no spills, each pair of elements widened by one
+    `cvt.rn.f16x2.e4m3x2`, its own rows written through satfinite e4m3 conversions. A group of 4 takes the e4m3
+    MMA tile (16 keys, 2 warps, 3 stages) with fp16 MMAs, no bf16 ones. The full layer's prefill keeps the Triton
+    kernel."""
+    decode = ("--head-dim", "256", "--page", "16", "--q-heads", "32", "--decode", "--programs-per-sm", "8", "--write",
+              "--norm", "--window", "--kv-dtype", "float8_e4m3fn")
+    out = report(tmp_path / "fma", *decode, "--kv-heads", "16")
     cfg = out["config"]
-    assert (cfg["block_n"], cfg["num_warps"], cfg["num_stages"]) == (16, 2, 3) and 0 < out["registers"] <= 255
-    ptx = (tmp_path / "decode" / "attention.ptx").read_text()
-    assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.bf16.f16" not in ptx and "cvt.rn.satfinite.e4m3x2.f32" in ptx
-    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and ".f32.bf16.bf16.f32" not in ptx
-    assert report(tmp_path / "full", *FULL, "--kv-dtype", "float8_e4m3fn")["kernel"] == "_paged_attn_kernel"
-    # the `fma` tile (rows 1): fp32 products on the CUDA cores, no MMA, no spills
-    out = report(tmp_path / "fma", "--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16",
-                 "--decode", "--programs-per-sm", "8", "--write", "--norm", "--window", "--kv-dtype", "float8_e4m3fn",
-                 "--config", '{"rows": 1, "fma": true, "num_stages": 2}')
-    assert out["spill_bytes"] == 0
+    assert (cfg["rows"], cfg["block_n"], cfg["num_warps"], cfg.get("fma")) == (1, 8, 1, True)
+    assert out["spill_bytes"] == 0 and 0 < out["registers"] <= 255
     ptx = (tmp_path / "fma" / "attention.ptx").read_text()
     assert "cvt.rn.f16x2.e4m3x2" in ptx and "mma.sync" not in ptx and "fma.rn.f32" in ptx
+    assert "cvt.rn.satfinite.e4m3x2.f32" in ptx
+    out = report(tmp_path / "mma", *decode, "--kv-heads", "8")
+    cfg = out["config"]
+    assert (cfg["block_n"], cfg["num_warps"], cfg["num_stages"]) == (16, 2, 3) and 0 < out["registers"] <= 255
+    ptx = (tmp_path / "mma" / "attention.ptx").read_text()
+    assert "cvt.rn.f16x2.e4m3x2" in ptx and "cvt.bf16.f16" not in ptx
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32" in ptx and ".f32.bf16.bf16.f32" not in ptx
+    assert report(tmp_path / "full", *FULL, "--kv-dtype", "float8_e4m3fn")["kernel"] == "_paged_attn_kernel"
 
 
 def test_a_bad_config_and_the_interpreter_are_named():
