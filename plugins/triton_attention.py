@@ -377,16 +377,18 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     * fp32 inputs (reference runs) need twice the shared memory per tile, so their tiles are halved and D=512
       keeps whole columns (fp32 D=512 prefill at 64x32 asked for 295 KB of the H200's 227 KB); untimed, chosen
       to fit.
-    * A one-byte arena (`kv_bytes` 1; default `elem_bytes`) at serving batches, where the kernel's work per key,
-      not its bytes, bounds the decode (38-41 % of the copy bandwidth on the H200): from WIDE_DECODE programs an SM
-      the sliding layer's 16-key tiles over 2 warps in 3 stages (the fastest of `bench.kernels --decode-batch
-      --decode-batch-tiles --kv-dtype float8_e4m3fn` at the 31B's batch 64-256 on the H200), and an unsplit full
-      layer's 32-key tiles in one stage (the fastest on an H100, before the widening to fp16; export/results/README.md,
-      session 36).
-    * `fma` (a config key no default takes yet, with `rows` 1): a decode whose tile is its group's heads alone, its
-      two products in fp32 on the CUDA cores, without an MMA's 16-row padding (the 31B's sliding layers compute 2
-      rows) and without the one-warp MMA tile's spills on the device's Triton; `bench.kernels --decode-batch
-      --decode-batch-fma` times it (not yet on a GPU; `next/fma-decode` makes it the e4m3 default)."""
+    * A group of at most FMA_GROUP heads (`group`; the 31B's and the 26B-A4B's sliding layers: 2) from WIDE_DECODE
+      programs an SM at D=256, either arena: the `fma` tile (`rows` 1), whose rows are the group's heads alone and
+      whose two products are fp32 on the CUDA cores, without an MMA's 16-row padding, 8 keys over one warp. On an
+      H100 (`bench.kernels --decode-batch --decode-batch-fma`, the 31B's sliding layer at batch 64 / 128 / 256)
+      bf16 took 87.2 / 148.5 / 289.6 us against the one-warp MMA tile's 87.3 / 161.6 / 312.4, e4m3 63.1 / 88.1 /
+      168.5 (80-84 % of the copy bandwidth from batch 128) where its MMA tiles took 76-83 / 129 / 238. A group
+      of 8 (the full layers) took 2-5x its MMA tile's time this way (export/results/README.md, session 37).
+    * A one-byte arena (`kv_bytes` 1; default `elem_bytes`) in a larger group, where the MMA tile's work per key,
+      not its bytes, bounds the decode (38-41 % of the copy bandwidth on the H200): from WIDE_DECODE programs an
+      SM 16-key tiles over 2 warps in 3 stages (the fastest of `bench.kernels --decode-batch --decode-batch-tiles
+      --kv-dtype float8_e4m3fn` at the 31B's batch 64-256 on the H200, group 2), and an unsplit full layer's
+      32-key tiles in one stage (the fastest on an H100, before the widening to fp16; session 36)."""
     one_byte = (kv_bytes or elem_bytes) == 1
     if decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE and group <= FMA_GROUP:
         cfg = {"rows": 1, "block_n": 8, "num_warps": 1, "num_stages": 2, "fma": True}
