@@ -17,7 +17,8 @@ run_part() {
   [ "$limit" -lt 30 ] && { echo "[$TAG] skip $name"; return 0; }
   echo "[$TAG] $(date +%T) start $name (limit $limit s)"
   timeout -k 5 "$limit" "$@" > "$OUT/$name.log" 2>&1
-  echo "[$TAG] $(date +%T) end $name: rc $? at $((SECONDS - T0)) s"
+  local rc=$?  # before any other command: 124 or 137 where the limit ended it
+  echo "[$TAG] $(date +%T) end $name: rc $rc at $((SECONDS - T0)) s"
   grep -v '"trace"' "$OUT/$name.log" | grep '"stage"' | cut -c1-300 | tail -8
 }
 # run_arm PKG ARM REP NAME CAP BENCH ARGS...: `python -m g4rt.bench.BENCH --out DIR ARGS` with the package

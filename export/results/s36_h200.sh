@@ -18,13 +18,12 @@
 #     bash export/results/s36_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 # The calls of session 36 (the steps need needs_h200: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's
 # weights); export/results/README.md, "A one-byte KV arena", gives each call's commands and tree.
-# The next calls (needs_h200): the `fma` tile (the decode on the CUDA cores, its rows the group's heads alone; in
-# main, no default takes it) against the MMA tiles, then `next/fma-decode` (it as the e4m3 sliding default at
-# serving batches; recreate that one-line default if the branch is gone) against main's e4m3 and bf16 steps:
-#   KV="float8_e4m3fn bfloat16" TABLES="fma tiles" bash export/results/s36_h200.sh kernels 300
-#   git archive --prefix=ab/fma/g4rt/ next/fma-decode | tar -x      # then run with carry ["ab"]
-#   PKG=ab/fma TESTS=tests/test_kv_fp8_gpu.py bash export/results/s36_h200.sh tests 100
-#   ARMS="fma/fp8 fp8 bf16 fma/fp8 fp8 bf16" STEPS_CAP=80 bash export/results/s36_h200.sh steps 560   # a second call
+# Session 37 ran it on H100s (export/results/README.md, "The `fma` decode tile measured"). The next calls (needs_h200):
+# main (the fma tile the default for groups of 2) against main before session 37, both arenas, at batch 64-256:
+#   git archive --prefix=ab/pre/g4rt/ 4aa836a | tar -x      # then run with carry ["ab"]
+#   ARMS="fp8 pre/fp8 bf16 pre/bf16 fp8 pre/fp8" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
+#   ARMS="bf16 pre/bf16 fp8 pre/fp8 bf16 pre/bf16" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
+#   KV="float8_e4m3fn bfloat16" TABLES="fma" bash export/results/s36_h200.sh kernels 150
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
