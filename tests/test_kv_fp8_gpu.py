@@ -47,7 +47,7 @@ def test_the_write_rounds_as_torch_does_on_the_device():
 CASES = [("e2b sliding decode b1", 8, 1, 256, 16, 512, [1], 300),
          ("e2b full decode b1", 8, 1, 512, 16, None, [1], 300),
          ("31b sliding decode b16", 32, 16, 256, 16, 1024, [1] * 16, 700),
-         ("31b sliding decode b64", 32, 16, 256, 16, 1024, [1] * 64, 200),  # the one-warp tile
+         ("31b sliding decode b64", 32, 16, 256, 16, 1024, [1] * 64, 200),  # the fma tile (group 2)
          ("31b full decode b8", 32, 4, 512, 160, None, [1] * 8, 900),
          ("31b sliding prefill", 32, 16, 256, 16, 1024, [300, 1, 77], 400),
          ("31b full prefill", 32, 4, 512, 160, None, [300, 1, 77], 400)]  # tensor-memory copies, not Gluon

@@ -27,7 +27,7 @@ CASES = [("e2b sliding", 8, 1, 256, 16, 512, 1, 300, False, True),
          ("e2b kv-shared sliding", 8, 1, 256, 16, 512, 1, 300, False, False),
          ("e2b full", 8, 1, 512, 16, None, 1, 300, False, True),
          ("31b sliding b16", 32, 16, 256, 16, 1024, 16, 700, False, True),
-         ("31b sliding b64", 32, 16, 256, 16, 1024, 64, 200, False, True),  # the one-warp tile
+         ("31b sliding b64", 32, 16, 256, 16, 1024, 64, 200, False, True),  # the fma tile (group 2)
          ("31b full b8", 32, 4, 512, 160, None, 8, 900, True, True)]
 
 
