@@ -96,7 +96,10 @@ BATCH_SMALL = {"31B-sliding": ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (
 # BATCH_FMA (--decode-batch-fma): the sliding layer's decode with its group's 2 heads alone as the tile's rows and
 # the products on the CUDA cores (the `fma` tile: no MMA's 16-row padding), small CTAs and deeper pipelines, and
 # cut in 2 (more programs at batch 64). The full layer's group of 8 took 2-5x its MMA tile's time this way
-# (export/results/README.md, session 37), so it is not swept.
+# (export/results/README.md, session 37), so it is not swept. It also runs below WIDE_DECODE programs an SM
+# (FMA_BATCHES 16 and 32: about 2 and 4 programs an SM on the 31B's sliding layer, still unsplit), where the
+# default is the two-warp MMA tile.
+FMA_BATCHES = (16, 32) + BATCH_SIZES
 BATCH_FMA = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1, 3), (8, 2, 2), (16, 2, 2),
                              (8, 1, 2, 2), (8, 1, 3, 2))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
@@ -576,7 +579,7 @@ def main(argv=None):
                  else BATCH_FMA if args.decode_batch_fma else BATCH_DECODE)
         rows = dict(rows=1, fma=True) if args.decode_batch_fma else dict(rows=16)
         for layer, tiles in table.items():
-            for b in BATCH_SIZES:
+            for b in FMA_BATCHES if args.decode_batch_fma else BATCH_SIZES:
                 for n, w, st, splits in ((*t, None)[:4] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st), splits=splits,
