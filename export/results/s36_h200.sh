@@ -23,7 +23,8 @@
 #   git archive --prefix=ab/pre/g4rt/ 4aa836a | tar -x      # then run with carry ["ab"]
 #   ARMS="fp8 pre/fp8 bf16 pre/bf16 fp8 pre/fp8" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
 #   ARMS="bf16 pre/bf16 fp8 pre/fp8 bf16 pre/bf16" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
-#   KV="float8_e4m3fn bfloat16" TABLES="fma tiles" bash export/results/s36_h200.sh kernels 240   # fma: batch 16-256
+#   KV="float8_e4m3fn bfloat16" TABLES="fma table" bash export/results/s36_h200.sh kernels 300   # fma: batch 16-256;
+#     table: the full layer's MMA tiles (e4m3: 32 x 4 x 1, one stage, from an H100 sweep before the fp16 widening)
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
