@@ -347,14 +347,17 @@ def test_the_write_attention_op_is_the_two_ops():
             torch.testing.assert_close(arena, want_arena, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("tile", [None, "fma"])
 @pytest.mark.parametrize("frame_pad", [5, 0])  # 0 with fp32: the early tile (rows on the line grid) runs too
 @pytest.mark.parametrize("splits", [1, 3])
 @pytest.mark.parametrize("dtype,heads,kv_dtype", [(torch.float32, "kv", None), (torch.bfloat16, "k_eq_v", None),
                                                   (torch.bfloat16, "q", None), (torch.bfloat16, "kv", FP8)])
-def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, heads, kv_dtype, frame_pad):
+def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(launched, splits, dtype, heads, kv_dtype, frame_pad,
+                                                                tile):
     """A decode's attention launch from a layer's packed projection (`norms`) gives the bits of the q/k/v norm
     kernel, kv_write_ and paged_attention: the output, and the arena where the layer owns a cache ("kv", "k_eq_v";
-    "q": a KV-shared layer, which writes nothing). The own rows start as NaN; a -1 slot writes nothing."""
+    "q": a KV-shared layer, which writes nothing). The own rows start as NaN; a -1 slot writes nothing. On the
+    default tiles of this small batch and on the `fma` one a wide decode of a group of 2 takes."""
     from g4rt.plugins import triton_norm as tn
     hq, hkv, D = 4, 2, 32
     batch = batch_of([1, 1, 1], [40, 9, 61], hq, hkv, D, 16, wl=window_left(24), resident=True, dtype=dtype, seed=31,
@@ -376,17 +379,19 @@ def test_a_decode_launch_norms_and_ropes_its_q_and_rows_itself(splits, dtype, he
     args = list(batch.args())
     three = arena.clone()
     args[1] = three
+    config = ta.default_config(D, True, 2, programs_per_sm=ta.WIDE_DECODE, group=hq // hkv) if tile else None
     if kw is None:
-        want = ta.paged_attention(tn.q_norm_rope(y, qw, 1e-6, cos, sin), *args[1:], num_splits=splits)
+        want = ta.paged_attention(tn.q_norm_rope(y, qw, 1e-6, cos, sin), *args[1:], num_splits=splits, config=config)
     else:
         q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, hq, hkv, heads == "k_eq_v")
         tkv.kv_write_(three, k, v, slots, batch.k_offset, batch.v_offset, batch.page_size)
-        want = ta.paged_attention(q, *args[1:], num_splits=splits)
+        want = ta.paged_attention(q, *args[1:], num_splits=splits, config=config)
     one = arena.clone()
     args[1] = one
     norms = ta.Norms(qw, kw, 1e-6, cos, sin, hq, heads == "k_eq_v")
-    got = ta.paged_attention(y, *args[1:], num_splits=splits, norms=norms,
+    got = ta.paged_attention(y, *args[1:], num_splits=splits, norms=norms, config=config,
                              write=None if kw is None else (None, None, slots))
+    assert (launched[-1]["PREC"] == "fma") == bool(tile) and (launched[-1]["BLOCK_N"] == 8) == bool(tile)
     assert torch.isfinite(got[[0, 2]]).all()
     assert torch.equal(_bits(got), _bits(want)) and torch.equal(_bits(one), _bits(three))
     with pytest.raises(ValueError, match="only a decode launch"):
