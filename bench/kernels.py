@@ -7,6 +7,7 @@
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-tiles    # ... smaller sliding CTAs
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-fma      # ... products on the CUDA cores
+    python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-pipe     # ... those, key loop pipelined
     python -m g4rt.bench.kernels --out DIR --prefill-only      # 8k prefill chunks and PREFILL_SWEEP
     python -m g4rt.bench.kernels --out DIR --norms [--norm-tokens 8192,2048,256]  # the q/k/v norm kernel's tiles
 
@@ -102,6 +103,11 @@ BATCH_SMALL = {"31B-sliding": ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (
 FMA_BATCHES = (16, 32) + BATCH_SIZES
 BATCH_FMA = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1, 3), (8, 2, 2), (16, 2, 2),
                              (8, 1, 2, 2), (8, 1, 3, 2))}
+# BATCH_PIPE (--decode-batch-pipe): BATCH_FMA's tiles with their interior loop software-pipelined (`pipe`: the
+# K and V tiles read by asynchronous copies num_stages - 1 tiles ahead, where the plain fma tile waits for each
+# tile's loads in turn), at the same batches.
+BATCH_PIPE = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1, 3), (8, 2, 2), (16, 2, 3),
+                              (8, 1, 2, 2), (8, 1, 3, 2))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
                 "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
@@ -529,6 +535,8 @@ def main(argv=None):
                     help="with --decode-batch: the sliding layer on smaller CTAs (BATCH_SMALL) instead")
     ap.add_argument("--decode-batch-fma", action="store_true",
                     help="with --decode-batch: the tiles of the decode on the CUDA cores (BATCH_FMA) instead")
+    ap.add_argument("--decode-batch-pipe", action="store_true",
+                    help="with --decode-batch: the CUDA-core tiles with a software-pipelined key loop (BATCH_PIPE)")
     ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
                     help="with --decode-batch: the arena's dtype (float8_e4m3fn: the one-byte arena)")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
@@ -575,11 +583,12 @@ def main(argv=None):
                             splits=s, sdpa=s == 1)
         return _write(res, args.out, t_start)
     if args.decode_batch:
+        fma = args.decode_batch_fma or args.decode_batch_pipe
         table = (BATCH_SPLITS if args.decode_batch_splits else BATCH_SMALL if args.decode_batch_tiles
-                 else BATCH_FMA if args.decode_batch_fma else BATCH_DECODE)
-        rows = dict(rows=1, fma=True) if args.decode_batch_fma else dict(rows=16)
+                 else BATCH_PIPE if args.decode_batch_pipe else BATCH_FMA if fma else BATCH_DECODE)
+        rows = dict(rows=1, fma=True, pipe=args.decode_batch_pipe) if fma else dict(rows=16)
         for layer, tiles in table.items():
-            for b in FMA_BATCHES if args.decode_batch_fma else BATCH_SIZES:
+            for b in FMA_BATCHES if fma else BATCH_SIZES:
                 for n, w, st, splits in ((*t, None)[:4] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st), splits=splits,

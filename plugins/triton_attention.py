@@ -120,17 +120,20 @@ def _attend_tiles(q, qk_scale, m_i, l_i, acc, lo, hi, pos, wl, arena_ptr, table_
                   stride_frame, table_stride, t_end, dv0, k_desc, v_desc,
                   HKV: tl.constexpr, D: tl.constexpr, DV: tl.constexpr, PAGE: tl.constexpr,
                   BLOCK_N: tl.constexpr, MASK: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
-                  TMA: tl.constexpr):
+                  TMA: tl.constexpr, PIPE: tl.constexpr = None):
     """Online softmax over the key tiles starting in [lo, hi). MASK False: every row sees every key of
     these tiles (the caller proved it), so the per-score causal/window mask is skipped; where it would
     be all true the result is the same bits. Loads stay masked at t_end (cheap: one bit per key row).
     TMA: each tile lies in one page and every key of it exists (the caller proved both), so its K and V
     come by tensor-memory copies through k_desc / v_desc ([frames, PAGE, HKV * D] views of the arena):
-    one page-table lookup per tile and no per-element addresses in registers."""
+    one page-table lookup per tile and no per-element addresses in registers. PIPE (None: the launch's
+    num_stages decides): the loop's stages for Triton's software pipeliner, which without it pipelines only
+    loads that feed a tl.dot; the `fma` tile's K and V (and their page-table entries) are otherwise read by
+    plain loads, one tile at a time."""
     d = tl.arange(0, D)
     dv = dv0 + tl.arange(0, DV)
     n_off = tl.arange(0, BLOCK_N)
-    for start in range(lo, hi, BLOCK_N):
+    for start in tl.range(lo, hi, BLOCK_N, num_stages=PIPE):
         kn = start + n_off
         k_ok = kn < t_end
         if TMA:
@@ -175,7 +178,7 @@ def _paged_attn_kernel(
     PAGE: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT: tl.constexpr,
     DV_SPLIT: tl.constexpr, INTERIOR: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
     TMA: tl.constexpr = False, WRITE: tl.constexpr = False, NORM: tl.constexpr = False, K_EQ_V: tl.constexpr = False,
-    PDL: tl.constexpr = False, EARLY: tl.constexpr = False, L2_V: tl.constexpr = False,
+    PDL: tl.constexpr = False, EARLY: tl.constexpr = False, L2_V: tl.constexpr = False, PIPE: tl.constexpr = None,
 ):
     # num_splits is a runtime int (batch-dependent; a constexpr would compile one kernel per value);
     # SPLIT (num_splits > 1) picks the epilogue: the output itself, or a partial for the combine.
@@ -188,6 +191,7 @@ def _paged_attn_kernel(
     # come from it too (kw; K_EQ_V: V is the raw K), not from k_new / v_new.
     # EARLY (a decode launch: one query a sequence): the launch's metadata and its split's first key tile, less the
     # query's own key, are read before the wait (see the early tile below).
+    # PIPE: the interior loop's pipeline stages (`_attend_tiles`; the fma tile's, where its config asks `pipe`).
     if not EARLY:
         await_inputs(PDL)
     ROWS: tl.constexpr = BLOCK_Q * GP
@@ -304,7 +308,7 @@ def _paged_attn_kernel(
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j0 * BLOCK_N, t_begin + j1 * BLOCK_N,
                                       pos, wl, arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
                                       table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
-                                      False, UPCAST, PREC, TMA)
+                                      False, UPCAST, PREC, TMA, PIPE)
         m_i, l_i, acc = _attend_tiles(q, qk_scale, m_i, l_i, acc, t_begin + j1 * BLOCK_N, t_end, pos, wl,
                                       arena_ptr, table_ptr, b, h, first, k_offset, v_offset, stride_frame,
                                       table_stride, t_end, dv0, k_desc, v_desc, HKV, D, DV, PAGE, BLOCK_N,
@@ -495,7 +499,8 @@ def launch_constexprs(cfg: dict, *, num_q_heads: int, num_kv_heads: int, head_di
                 BLOCK_N=cfg["block_n"], SPLIT=num_splits > 1, DV_SPLIT=cfg.get("dv_split", 1),
                 INTERIOR=cfg.get("interior", True), UPCAST=interpreting(),
                 PREC="fma" if cfg.get("fma") else "ieee" if fp32 else "tf32",
-                TMA=copies, EARLY=early, L2_V=early and not interpreting())  # the interpreter runs no inline asm
+                TMA=copies, EARLY=early, L2_V=early and not interpreting(),  # the interpreter runs no inline asm
+                PIPE=cfg["num_stages"] if cfg.get("pipe") else None)
 
 
 def early_rows(head_dim: int, elem_bytes: int, *arena_grid: int) -> bool:

@@ -17,6 +17,7 @@ from g4rt.plugins import launch, window_left  # noqa: E402
 from g4rt.plugins import triton_attention as ta  # noqa: E402
 from g4rt.plugins import triton_kv_write as tkv  # noqa: E402
 from g4rt.plugins import triton_norm as tn  # noqa: E402
+from g4rt.plugins.reference import paged_attention_ref  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     launch.interpreting() or not torch.cuda.is_available() or not launch.hopper(torch.device("cuda")),
@@ -73,3 +74,43 @@ def test_the_fused_decode_launch_against_the_three_it_replaces(case):
     torch.testing.assert_close(got.float(), want.float(), atol=2e-2, rtol=2e-2)
     # the written rows within a bf16 ulp of the norm kernel's, every other element untouched
     assert ((one.float() - three.float()).abs() <= 2 ** -7 * three.float().abs()).all()
+
+
+@pytest.mark.parametrize("kv_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("B", [64, 128])
+def test_the_pipelined_fma_tile_gives_the_plain_tiles_bits(kv_dtype, stages, B):
+    """The fma tile's key loop software-pipelined (`pipe`: K, V and their page-table entries read by asynchronous
+    copies stages - 1 tiles ahead) sums the same products in the same order as the plain tile, whose loads wait
+    tile by tile: the same bits, compiled, for the 31B's sliding layer at serving batches, plain and fused (norms,
+    RoPE and the KV write in the launch); and the plain tile against the fp32 reference."""
+    hq, hkv, D, page, wl = 32, 16, 256, 16, window_left(1024)
+    g = torch.Generator().manual_seed(B + stages)
+    kv_lens = (200 + torch.randint(-40, 40, (B,), generator=g)).tolist()
+    batch = make_paged_batch([1] * B, kv_lens, num_q_heads=hq, num_kv_heads=hkv, head_dim=D, page_size=page,
+                             window_left=wl, resident_only=True, dtype=torch.bfloat16, device="cuda", seed=B,
+                             scale=D ** -0.5, kv_dtype=kv_dtype)
+    plain_cfg = {"rows": 1, "fma": True, "block_n": 8, "num_warps": 1, "num_stages": stages}
+    piped_cfg = {**plain_cfg, "pipe": True}
+    args = list(batch.args())
+    args[1] = batch.poisoned_arena()
+    plain, piped = (ta.paged_attention(*args, out=torch.full_like(batch.q, float("nan")), config=c, num_splits=1)
+                    for c in (plain_cfg, piped_cfg))
+    assert torch.isfinite(plain).all() and torch.equal(plain, piped)
+    want = paged_attention_ref(batch.q.float(), *batch.args()[1:])
+    torch.testing.assert_close(plain.float(), want, atol=2e-2, rtol=2e-2)
+    slots = batch.own_slots()
+    dev = dict(device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(B, (hq + 2 * hkv) * D, **dev) * 3
+    qw, kw = 0.1 * (1 + 0.2 * torch.randn(D, **dev)), 1 + 0.2 * torch.randn(D, **dev)
+    angle = (batch.kv_lens.long() - 1)[:, None].float() * torch.logspace(0, -4, D // 2, device="cuda")[None, :]
+    cos, sin = torch.cat([angle.cos()] * 2, -1).to(torch.bfloat16), torch.cat([angle.sin()] * 2, -1).to(torch.bfloat16)
+    fused = []
+    for c in (plain_cfg, piped_cfg):
+        arena = batch.arena.clone()
+        out = ta.paged_attention(y, arena, *batch.args()[2:], out=torch.full((B, hq, D), float("nan"), **dev),
+                                 norms=ta.Norms(qw, kw, 1e-6, cos, sin, hq, False), write=(None, None, slots),
+                                 config=c, num_splits=1)
+        fused.append((out, arena))
+    assert torch.isfinite(fused[0][0]).all() and torch.equal(fused[0][0], fused[1][0])
+    assert torch.equal(fused[0][1].view(torch.uint8), fused[1][1].view(torch.uint8))

@@ -166,6 +166,21 @@ def test_a_decode_on_the_cuda_cores(launched, group, kv_dtype, splits):
         assert launched[-1]["EARLY"] and launched[-1]["PREC"] == "fma"
 
 
+@pytest.mark.parametrize("kv_dtype", [None, FP8])
+def test_the_fma_tile_with_a_pipelined_key_loop_gives_its_bits(launched, kv_dtype):
+    """`pipe`: the fma tile's interior key loop handed to Triton's software pipeliner, `num_stages` deep (PIPE),
+    reads the same keys into the same sums in the same order, so its bits are the plain tile's. The interpreter runs
+    the loop plainly: this checks what reaches the kernel; tests/test_plugins_decode_gpu.py compares the compiled
+    loops."""
+    batch = batch_of([1] * 4, [70, 30, 9, 41], 4, 2, 64, 16, wl=window_left(24), resident=True,
+                     dtype=torch.bfloat16, seed=19, kv_dtype=kv_dtype)
+    plain = check(batch, decode=True, num_splits=1, config={"rows": 1, "fma": True})
+    assert launched[-1]["PIPE"] is None
+    piped = check(batch, decode=True, num_splits=1, config={"rows": 1, "fma": True, "pipe": True, "num_stages": 3})
+    assert launched[-1]["PIPE"] == 3 and launched[-1]["PREC"] == "fma"
+    assert torch.equal(plain, piped)
+
+
 def test_query_seeing_no_key_yields_zeros():
     batch = batch_of([3], [6], 2, 1, 16, 4, wl=1)
     batch.first_page[0] = 1  # keys start at 4; the chunk's first query (position 3) sees none
