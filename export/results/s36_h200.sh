@@ -25,6 +25,13 @@
 #   ARMS="bf16 pre/bf16 fp8 pre/fp8 bf16 pre/bf16" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
 #   KV="float8_e4m3fn bfloat16" TABLES="fma table" bash export/results/s36_h200.sh kernels 300   # fma: batch 16-256;
 #     table: the full layer's MMA tiles (e4m3: 32 x 4 x 1, one stage, from an H100 sweep before the fp16 widening)
+# Session 38 (no machine lent) prepared the fma tile with its key loop software-pipelined (`pipe`; BATCH_PIPE) and the
+# arm `next/pipe` (that tile the default, 3 stages). Its calls, before the ones above (any card for the first):
+#   O=$OUT; OUT=$O/k KV="bfloat16 float8_e4m3fn" TABLES="pipe fma" bash export/results/s36_h200.sh kernels 320
+#   rm -f $O/k/*.log; OUT=$O/t TESTS="tests/test_plugins_decode_gpu.py tests/test_kv_fp8_gpu.py" \
+#     bash export/results/s36_h200.sh tests 230; rm -f $O/t/gpu_tests.log $O/t/gpu.csv
+#   then, where the sweep says `pipe` reads faster (git archive --prefix=ab/pipe/g4rt/ next/pipe | tar -x):
+#   ARMS="bf16 pipe/bf16 bf16 pipe/bf16 bf16 pipe/bf16" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
