@@ -96,7 +96,8 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
             sig["v_desc"] = f"tensordesc<{kv}[1, {cfg['block_n']}, {head_dim // dv_split}]>"
         else:
             const.update(k_desc=None, v_desc=None)
-        source, options = triton.compiler.ASTSource, {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"]}
+        source = triton.compiler.ASTSource
+        options = {"num_warps": cfg["num_warps"], "num_stages": cfg["num_stages"], "maxnreg": cfg.get("maxnreg")}
     sig.update({name: f"*{t}" for name in ("q_ptr", "out_ptr")}, arena_ptr=f"*{KV_TRITON_DTYPES[kv_dtype]}",
                scale="fp32",
                **{name: "*i32" for name in ("cu_q_ptr", "kv_lens_ptr", "table_ptr", "first_ptr")})

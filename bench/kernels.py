@@ -102,12 +102,14 @@ BATCH_SMALL = {"31B-sliding": ((32, 2, 2), (16, 2, 2), (16, 2, 3), (16, 2, 4), (
 # default is the two-warp MMA tile.
 FMA_BATCHES = (16, 32) + BATCH_SIZES
 BATCH_FMA = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1, 3), (8, 2, 2), (16, 2, 2),
-                             (8, 1, 2, 2), (8, 1, 3, 2))}
+                             (8, 1, 2, 2), (8, 1, 3, 2), (8, 1, 2, None, 128))}
 # BATCH_PIPE (--decode-batch-pipe): BATCH_FMA's tiles with their interior loop software-pipelined (`pipe`: the
 # K and V tiles read by asynchronous copies num_stages - 1 tiles ahead, where the plain fma tile waits for each
-# tile's loads in turn), at the same batches.
-BATCH_PIPE = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1, 3), (8, 2, 2), (16, 2, 3),
-                              (8, 1, 2, 2), (8, 1, 3, 2))}
+# tile's loads in turn), at the same batches. A fifth element caps the registers a thread (`maxnreg`): 128 keeps 16
+# one-warp programs an SM where ptxas takes 137-168 for an 8-key tile (Triton 3.6: no spills in the key loop; 16-key
+# tiles spill at it).
+BATCH_PIPE = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (8, 1, 2, None, 128), (8, 1, 3, None, 128),
+                              (16, 1, 3), (8, 2, 2), (16, 2, 3), (8, 1, 2, 2), (8, 1, 3, 2))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
                 "31B-full": ((32, 4, 2, 1), (32, 4, 2, 2), (32, 4, 2, 3), (16, 4, 3, 2))}
 CONTEXTS = [1024, 4096, 8192, 32768, 131072, 262144]
@@ -589,10 +591,10 @@ def main(argv=None):
         rows = dict(rows=1, fma=True, pipe=args.decode_batch_pipe) if fma else dict(rows=16)
         for layer, tiles in table.items():
             for b in FMA_BATCHES if fma else BATCH_SIZES:
-                for n, w, st, splits in ((*t, None)[:4] for t in tiles):
+                for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
-                            flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st), splits=splits,
-                            sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True))
+                            flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
+                            splits=splits, sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True))
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

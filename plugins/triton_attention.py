@@ -552,7 +552,8 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
     from shapes and Python ints.
 
     Keyword extras for tests and the bench: `out` (pre-allocated output, e.g. NaN-poisoned),
-    `num_splits` (force the decode split count), `config` (tile overrides, see default_config;
+    `num_splits` (force the decode split count), `config` (tile overrides, see default_config; `maxnreg` caps the
+    registers a thread, ptxas's own count where absent;
     `dv_split` > 1 cuts the output columns across programs, prefill only; `interior` False masks
     every key tile, the bench's A/B of the unmasked interior; `tma` True has a prefill without a window
     copy its interior tiles by tensor-memory copies where `takes_copies` and `kv_descriptors` allow),
@@ -629,7 +630,7 @@ def paged_attention(q: torch.Tensor, arena: torch.Tensor, cu_q: torch.Tensor, kv
         num_splits, *(descs or (None, None)), *(write or (None, None, None)), q.stride(0),
         *((norms.q_weight, norms.k_weight, norms.cos, norms.sin, float(norms.eps)) if norms else (None,) * 5),
         **consts, WRITE=write is not None, NORM=norms is not None, K_EQ_V=bool(norms and norms.k_eq_v),
-        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **pdl_launch(q.device),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], maxnreg=cfg.get("maxnreg"), **pdl_launch(q.device),
     )
     if num_splits > 1:
         _combine_kernel[(T * HQ,)](ws_acc, ws_ml, out, num_splits, D=D, BLOCK_S=triton.next_power_of_2(num_splits),

@@ -92,6 +92,14 @@ def test_a_one_byte_arena_widens_each_pair_to_fp16_in_one_conversion(tmp_path):
     assert report(tmp_path / "full", *FULL, "--kv-dtype", "float8_e4m3fn")["kernel"] == "_paged_attn_kernel"
 
 
+def test_a_register_cap_reaches_ptxas(tmp_path):
+    """`maxnreg` in a tile's config (the sweeps' fifth element) caps the registers a thread of the compiled kernel."""
+    decode = ("--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16", "--decode",
+              "--programs-per-sm", "8")
+    free = report(tmp_path / "free", *decode)["registers"]
+    assert free > 96 and report(tmp_path / "cap", *decode, "--config", '{"maxnreg": 96}')["registers"] <= 96
+
+
 def test_a_bad_config_and_the_interpreter_are_named():
     r = run(*FULL, "--config", "{rows: 64}")
     assert r.returncode == 2 and "--config is not JSON" in r.stderr

@@ -176,7 +176,8 @@ def test_the_fma_tile_with_a_pipelined_key_loop_gives_its_bits(launched, kv_dtyp
                      dtype=torch.bfloat16, seed=19, kv_dtype=kv_dtype)
     plain = check(batch, decode=True, num_splits=1, config={"rows": 1, "fma": True})
     assert launched[-1]["PIPE"] is None
-    piped = check(batch, decode=True, num_splits=1, config={"rows": 1, "fma": True, "pipe": True, "num_stages": 3})
+    piped = check(batch, decode=True, num_splits=1,
+                  config={"rows": 1, "fma": True, "pipe": True, "num_stages": 3, "maxnreg": 128})
     assert launched[-1]["PIPE"] == 3 and launched[-1]["PREC"] == "fma"
     assert torch.equal(plain, piped)
 
