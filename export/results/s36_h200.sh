@@ -25,13 +25,17 @@
 #   ARMS="bf16 pre/bf16 fp8 pre/fp8 bf16 pre/bf16" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
 #   KV="float8_e4m3fn bfloat16" TABLES="fma table" bash export/results/s36_h200.sh kernels 300   # fma: batch 16-256;
 #     table: the full layer's MMA tiles (e4m3: 32 x 4 x 1, one stage, from an H100 sweep before the fp16 widening)
-# Session 38 (no machine lent) prepared the fma tile with its key loop software-pipelined (`pipe`; BATCH_PIPE) and the
-# arm `next/pipe` (that tile the default, 3 stages). Its calls, before the ones above (any card for the first):
-#   O=$OUT; OUT=$O/k KV="bfloat16 float8_e4m3fn" TABLES="pipe fma" bash export/results/s36_h200.sh kernels 320
-#   rm -f $O/k/*.log; OUT=$O/t TESTS="tests/test_plugins_decode_gpu.py tests/test_kv_fp8_gpu.py" \
+# Session 38 (no machine was lent) prepared three things for the fma tile, none measured: its key loop
+# software-pipelined (`pipe`, BATCH_PIPE), a register cap (`maxnreg`, the tables' fifth element), and the branches
+# `next/fma3d` (its K and V tiles loaded in the layout of their products: no pass through shared memory) and
+# `next/pipe` (on it: the pipelined tile the default, 3 stages). Their calls, before the ones above (any card for the
+# first two; carry ["ab"] with git archive --prefix=ab/f3d/g4rt/ next/fma3d and --prefix=ab/pipe/g4rt/ next/pipe):
+#   call 1: O=$OUT; OUT=$O/k KV="bfloat16 float8_e4m3fn" TABLES="fma pipe" bash export/results/s36_h200.sh kernels 330
+#   rm -f $O/k/*.log; OUT=$O/t PKG=ab/f3d TESTS="tests/test_plugins_decode_gpu.py tests/test_kv_fp8_gpu.py" \
 #     bash export/results/s36_h200.sh tests 230; rm -f $O/t/gpu_tests.log $O/t/gpu.csv
-#   then, where the sweep says `pipe` reads faster (git archive --prefix=ab/pipe/g4rt/ next/pipe | tar -x):
-#   ARMS="bf16 pipe/bf16 bf16 pipe/bf16 bf16 pipe/bf16" STEPS_CAP=92 bash export/results/s36_h200.sh steps 570
+#   call 2: PKG=ab/f3d KV="bfloat16 float8_e4m3fn" TABLES="fma pipe" bash export/results/s36_h200.sh kernels 330; rm $OUT/*.log
+#   then the steps of the fastest tree against main (an H200 for bf16 batch 128 and 256), e.g.
+#   ARMS="bf16 pipe/bf16 fp8 pipe/fp8 bf16 pipe/bf16 fp8 pipe/fp8" STEPS_CAP=70 bash export/results/s36_h200.sh steps 570
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
