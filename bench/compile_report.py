@@ -1,8 +1,9 @@
 """The paged attention kernel (plugins/triton_attention.py, or at head dim 512 prefill on Hopper the Gluon one,
 plugins/gluon_attention.py), or with `--gemv N K` the skinny matmul's (plugins/triton_gemv.py) on the plan
 `gemv_plan` gives a weight [N, K], compiled for a GPU target on any machine, no GPU needed, and what ptxas says of
-it: registers a thread uses, bytes spilled, shared memory a block asks for; `--ir DIR` also writes its TTGIR
-(where the loop's copies and matmuls sit, their layouts) and PTX.
+it: registers a thread uses, bytes spilled, shared memory a block asks for, and the machine instructions in each
+of its loops (`loop_instructions`, by `cuobjdump -sass`: a key tile's or a K step's work); `--ir DIR` also writes
+its TTGIR (where the loop's copies and matmuls sit, their layouts), PTX and SASS.
 
     python -m g4rt.bench.compile_report --head-dim 512 --page 160 --q-heads 32 --kv-heads 4 \\
         [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
@@ -128,9 +129,25 @@ def gemv_report(*, n: int, k: int, rows: int = 1, dtype: str = "bfloat16", arch:
             "programs": triton.cdiv(n, config[0]) * const["SPLITS"], **report}
 
 
+def loop_instructions(sass: str) -> list[int]:
+    """The instructions of each loop body in a `cuobjdump -sass` listing, in address order: a backward branch's
+    span, from its target to the branch."""
+    addr, loops = {}, []
+    for line in sass.splitlines():
+        m = re.match(r"\s*/\*([0-9a-f]{4,})\*/\s+([^;]*);", line)
+        if not m:
+            continue
+        at = int(m.group(1), 16)
+        addr[at] = len(addr)
+        branch = re.search(r"\bBRA\b.*?0x([0-9a-f]+)", m.group(2))
+        if branch and (target := int(branch.group(1), 16)) < at and target in addr:
+            loops.append(addr[at] - addr[target] + 1)
+    return loops
+
+
 def compile_for(fn, sig: dict, const: dict, aligned: list, source, options: dict, arch: int) -> dict:
     """Compile `fn` for compute capability `arch` with the `aligned` arguments 16-byte divisible, and ask ptxas
-    of its PTX: registers, spill bytes (stores), shared bytes, the TTGIR and the PTX."""
+    of its PTX: registers, spill bytes (stores), shared bytes, each loop's instructions, the TTGIR, PTX and SASS."""
     names = list(fn.arg_names)
     attrs = {(names.index(n),): [["tt.divisibility", 16]] for n in aligned}
     compiled = triton.compile(source(fn, sig, constexprs=const, attrs=attrs), target=GPUTarget("cuda", arch, 32),
@@ -140,12 +157,16 @@ def compile_for(fn, sig: dict, const: dict, aligned: list, source, options: dict
         path = os.path.join(tmp, "kernel.ptx")
         with open(path, "w") as f:
             f.write(ptx)
-        run = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", path, "-o", os.devnull],
+        cubin = os.path.join(tmp, "kernel.cubin")
+        run = subprocess.run([get_ptxas(arch).path, f"-arch=sm_{arch}a", "-v", path, "-o", cubin],
                              capture_output=True, text=True, check=True)
+        sass = subprocess.run([triton.knobs.nvidia.cuobjdump.path, "-sass", cubin], capture_output=True, text=True,
+                              check=True).stdout
     regs = re.search(r"Used (\d+) registers", run.stderr)
     spill = re.search(r"(\d+) bytes spill stores", run.stderr)
     return {"registers": int(regs.group(1)) if regs else None, "spill_bytes": int(spill.group(1)) if spill else 0,
-            "shared": compiled.metadata.shared, "ttgir": compiled.asm["ttgir"], "ptx": ptx}
+            "shared": compiled.metadata.shared, "loop_instructions": loop_instructions(sass),
+            "ttgir": compiled.asm["ttgir"], "ptx": ptx, "sass": sass}
 
 
 def main(argv=None):
@@ -174,7 +195,7 @@ def main(argv=None):
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
                                                    "'{\"rows\": 64, \"num_stages\": 3, \"tma\": false}'")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
-    ap.add_argument("--ir", help="a folder for attention.ttgir and attention.ptx (gemv.* with --gemv)")
+    ap.add_argument("--ir", help="a folder for attention.ttgir, .ptx and .sass (gemv.* with --gemv)")
     args = ap.parse_args(argv)
     if launch.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
@@ -203,13 +224,13 @@ def main(argv=None):
 
 
 def emit(report: dict, args, name: str) -> int:
-    """Print the report less its IR as one JSON line; with --ir, write NAME.ttgir and NAME.ptx there."""
+    """Print the report less its IR as one JSON line; with --ir, write NAME.ttgir, NAME.ptx and NAME.sass there."""
     if args.ir:
         os.makedirs(args.ir, exist_ok=True)
-        for ext in ("ttgir", "ptx"):
+        for ext in ("ttgir", "ptx", "sass"):
             with open(os.path.join(args.ir, f"{name}.{ext}"), "w") as f:
                 f.write(report[ext])
-    print(json.dumps({k: v for k, v in report.items() if k not in ("ttgir", "ptx")}
+    print(json.dumps({k: v for k, v in report.items() if k not in ("ttgir", "ptx", "sass")}
                      | {"triton": triton.__version__, "arch": f"sm_{args.arch}"}))
     return 0
 

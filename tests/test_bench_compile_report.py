@@ -92,6 +92,21 @@ def test_a_one_byte_arena_widens_each_pair_to_fp16_in_one_conversion(tmp_path):
     assert report(tmp_path / "full", *FULL, "--kv-dtype", "float8_e4m3fn")["kernel"] == "_paged_attn_kernel"
 
 
+def test_each_loops_instructions_are_counted_from_the_disassembly(tmp_path):
+    """`loop_instructions`: a backward branch's span in the SASS listing, in address order (a self-branch, the exit
+    trap, is no loop). The fma decode's three key loops (masked, interior, masked) hold at least its 256 fp32
+    products a lane (2 heads x 8 keys x 256 columns, twice, over 32 lanes); `--ir` keeps the listing."""
+    from g4rt.bench.compile_report import loop_instructions
+    listing = "\n".join(f"        /*{a:04x}*/   {op} ;" for a, op in (
+        (0x10, "MOV R1, c[0x0][0x28]"), (0x20, "FFMA R2, R3, R4, R2"), (0x30, "FADD R2, R2, R5"),
+        (0x40, "@!P0 BRA 0x20"), (0x50, "EXIT"), (0x60, "BRA 0x60")))
+    assert loop_instructions(listing) == [3]
+    out = report(tmp_path, "--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16", "--decode",
+                 "--programs-per-sm", "8", "--window")
+    assert out["config"].get("fma") and len(out["loop_instructions"]) == 3
+    assert min(out["loop_instructions"]) > 256 and "FFMA" in (tmp_path / "attention.sass").read_text()
+
+
 def test_a_register_cap_reaches_ptxas(tmp_path):
     """`maxnreg` in a tile's config (the sweeps' fifth element) caps the registers a thread of the compiled kernel."""
     decode = ("--head-dim", "256", "--page", "16", "--q-heads", "32", "--kv-heads", "16", "--decode",
