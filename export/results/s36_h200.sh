@@ -28,7 +28,7 @@
 # Session 38 (no machine was lent) prepared three things for the fma tile, none measured: its key loop
 # software-pipelined (`pipe`, BATCH_PIPE), a register cap (`maxnreg`, the tables' fifth element), and the branches
 # `next/fma3d` (its K and V tiles loaded in the layout of their products: no pass through shared memory) and
-# `next/pipe` (on it: the pipelined tile the default, 3 stages). Their calls, before the ones above (any card for the
+# `next/pipe` (on it: the pipelined tile the default, 2 stages). Their calls, before the ones above (any card for the
 # first two; carry ["ab"] with git archive --prefix=ab/f3d/g4rt/ next/fma3d and --prefix=ab/pipe/g4rt/ next/pipe):
 #   call 1: O=$OUT; OUT=$O/k KV="bfloat16 float8_e4m3fn" TABLES="fma pipe" bash export/results/s36_h200.sh kernels 330
 #   rm -f $O/k/*.log; OUT=$O/t PKG=ab/f3d TESTS="tests/test_plugins_decode_gpu.py tests/test_kv_fp8_gpu.py" \
