@@ -34,8 +34,10 @@
 #   rm -f $O/k/*.log; OUT=$O/t PKG=ab/f3d TESTS="tests/test_plugins_decode_gpu.py tests/test_kv_fp8_gpu.py" \
 #     bash export/results/s36_h200.sh tests 230; rm -f $O/t/gpu_tests.log $O/t/gpu.csv
 #   call 2: PKG=ab/f3d KV="bfloat16 float8_e4m3fn" TABLES="fma pipe" bash export/results/s36_h200.sh kernels 330; rm $OUT/*.log
-#   then the steps of the fastest tree against main (an H200 for bf16 batch 128 and 256), e.g.
+#   then the steps of the fastest tree against main (an H200 for bf16 batch 128 and 256), and `next/fma-norm` (on
+#   next/fma3d: the fma decode norms its q itself; --prefix=ab/fnorm/g4rt/) against next/fma3d, e.g.
 #   ARMS="bf16 pipe/bf16 fp8 pipe/fp8 bf16 pipe/bf16 fp8 pipe/fp8" STEPS_CAP=70 bash export/results/s36_h200.sh steps 570
+#   ARMS="f3d/bf16 fnorm/bf16 f3d/bf16 fnorm/bf16 f3d/bf16 fnorm/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
