@@ -82,7 +82,7 @@ SHORT_CONTEXTS = {"sliding": (160, 512), "full": (160, 1024)}
 SHORT_SPLITS = (1, 2, 4, 8, 16, 32)
 # --decode-batch: the 31B's layers at the batches and short context of a serving step, where a program's
 # run of keys is a few tiles long, so its start and end weigh against its bytes; decode tiles forced
-# (block_n, num_warps, num_stages[, splits]): the split decode's tile first, the two-warp unsplit tile among
+# (block_n, num_warps, num_stages[, splits[, maxnreg]]): the split decode's tile first, the two-warp unsplit tile among
 # the rest. BATCH_SMALL (--decode-batch-tiles): the sliding layer on smaller CTAs (fewer warps, 16-key tiles),
 # so more of them share an SM; the one-warp default from WIDE_DECODE programs an SM among them. BATCH_SPLITS
 # (--decode-batch-splits): split counts forced over unsplit tiles: shorter programs and a shorter last wave,
@@ -105,9 +105,9 @@ BATCH_FMA = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1
                              (8, 1, 2, 2), (8, 1, 3, 2), (8, 1, 2, None, 128))}
 # BATCH_PIPE (--decode-batch-pipe): BATCH_FMA's tiles with their interior loop software-pipelined (`pipe`: the
 # K and V tiles read by asynchronous copies num_stages - 1 tiles ahead, where the plain fma tile waits for each
-# tile's loads in turn), at the same batches. A fifth element caps the registers a thread (`maxnreg`): 128 keeps 16
-# one-warp programs an SM where ptxas takes 137-168 for an 8-key tile (Triton 3.6: no spills in the key loop; 16-key
-# tiles spill at it).
+# tile's loads in turn), at the same batches. In both tables a fifth element caps the registers a thread
+# (`maxnreg`): 128 keeps 16 one-warp programs an SM where ptxas takes 137-168 for an 8-key tile (Triton 3.6: no
+# spills in the key loop; 16-key tiles spill at it).
 BATCH_PIPE = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (8, 1, 2, None, 128), (8, 1, 3, None, 128),
                               (16, 1, 3), (8, 2, 2), (16, 2, 3), (8, 1, 2, 2), (8, 1, 3, 2))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),
