@@ -106,8 +106,8 @@ BATCH_FMA = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (16, 1, 2), (16, 1
 # BATCH_PIPE (--decode-batch-pipe): BATCH_FMA's tiles with their interior loop software-pipelined (`pipe`: the
 # K and V tiles read by asynchronous copies num_stages - 1 tiles ahead, where the plain fma tile waits for each
 # tile's loads in turn), at the same batches. In both tables a fifth element caps the registers a thread
-# (`maxnreg`): 128 keeps 16 one-warp programs an SM where ptxas takes 137-168 for an 8-key tile (Triton 3.6: no
-# spills in the key loop; 16-key tiles spill at it).
+# (`maxnreg`): 128 keeps 16 one-warp programs an SM where ptxas takes up to 168 for a pipelined 8-key tile (Triton
+# 3.6; one-warp 16-key tiles spill hundreds of bytes at it).
 BATCH_PIPE = {"31B-sliding": ((8, 1, 2), (8, 1, 3), (8, 1, 4), (8, 1, 2, None, 128), (8, 1, 3, None, 128),
                               (16, 1, 3), (8, 2, 2), (16, 2, 3), (8, 1, 2, 2), (8, 1, 3, 2))}
 BATCH_SPLITS = {"31B-sliding": ((32, 2, 2, 1), (32, 2, 2, 2), (32, 2, 2, 3), (32, 4, 2, 2), (64, 4, 2, 2)),

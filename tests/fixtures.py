@@ -40,6 +40,23 @@ class PagedBatch:
         frames = self.page_table.gather(1, (pos // P - self.first_page.long())[:, None])[:, 0]
         return (frames * P + pos % P).to(torch.int32)
 
+    def decode_projection(self, owns: bool = True, k_eq_v: bool = False) -> tuple:
+        """A decode step's inputs for the launch that norms and ropes itself (`paged_attention(norms=...)`), on the
+        batch's device, in bf16: the packed q/k/v projection y [B, heads x D] (q alone where the layer does not
+        `own` a cache, one K=V head where `k_eq_v`), the q and k norm weights (k's None without a cache) and the
+        RoPE tables at each sequence's last position. q's weight is small: scores of a few units, so a q element an
+        ulp off moves the output by far less than the tolerance (at Gemma's scale 1.0 and unit weights a score is
+        ~16 and an ulp of q moves it ~0.01)."""
+        B, hq, D = self.kv_lens.shape[0], self.q.shape[1], self.q.shape[2]
+        dev = dict(device=self.q.device, dtype=torch.bfloat16)
+        heads = hq + ((1 if k_eq_v else 2) * self.num_kv_heads if owns else 0)
+        y = torch.randn(B, heads * D, **dev) * 3
+        qw = 0.1 * (1 + 0.2 * torch.randn(D, **dev))
+        kw = 1 + 0.2 * torch.randn(D, **dev) if owns else None
+        angle = (self.kv_lens.long() - 1)[:, None].float() * torch.logspace(0, -4, D // 2, device=self.q.device)
+        cos, sin = (torch.cat([f(angle)] * 2, -1).to(torch.bfloat16) for f in (torch.cos, torch.sin))
+        return y, qw, kw, cos, sin
+
     def visible(self) -> torch.Tensor:
         """Bool mask over the arena: the K/V elements some query of the batch may read. Everything
         else (other layers, padding, page tails past kv_len, keys left of every query's window,

@@ -84,19 +84,14 @@ def test_the_fused_decode_writes_and_reads_a_one_byte_arena(B, context):
                              window_left=wl, resident_only=True, dtype=torch.bfloat16, device="cuda", seed=B,
                              scale=1.0, kv_dtype=FP8)
     slots = batch.own_slots()
-    pos = batch.kv_lens.long() - 1
-    dev = dict(device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(B, (hq + 2 * hkv) * D, **dev) * 3
-    qw, kw = 0.1 * (1 + 0.2 * torch.randn(D, **dev)), 1 + 0.2 * torch.randn(D, **dev)
-    angle = pos[:, None].float() * torch.logspace(0, -4, D // 2, device="cuda")[None, :]
-    cos, sin = torch.cat([angle.cos()] * 2, -1).to(torch.bfloat16), torch.cat([angle.sin()] * 2, -1).to(torch.bfloat16)
+    y, qw, kw, cos, sin = batch.decode_projection()
     rest = batch.args()[2:]
     three = batch.arena.clone()
     q, k, v = tn.qkv_norm_rope(y, qw, kw, 1e-6, cos, sin, hq, hkv, False)
     tkv.kv_write_(three, k, v, slots, batch.k_offset, batch.v_offset, page)
     want = ta.paged_attention(q, three, *rest)
     one = batch.arena.clone()
-    out = torch.full((B, hq, D), float("nan"), **dev)
+    out = torch.full_like(batch.q, float("nan"))
     got = ta.paged_attention(y, one, *rest, out=out, norms=ta.Norms(qw, kw, 1e-6, cos, sin, hq, False),
                              write=(None, None, slots))
     assert torch.isfinite(got).all()

@@ -42,16 +42,7 @@ def test_the_fused_decode_launch_against_the_three_it_replaces(case):
                              window_left=wl, resident_only=wl >= 0, dtype=torch.bfloat16, device="cuda", seed=B,
                              scale=1.0)
     slots = batch.own_slots()
-    pos = batch.kv_lens.long() - 1
-    heads = hq + ((1 if k_eq_v else 2) * hkv if owns else 0)
-    dev = dict(device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(B, heads * D, **dev) * 3
-    # q's weight small: scores of a few units, so a q element an ulp off moves the output by far less than the
-    # tolerance (at Gemma's scale 1.0 and unit weights a score is ~16 and an ulp of q moves it ~0.01)
-    qw = 0.1 * (1 + 0.2 * torch.randn(D, **dev))
-    kw = 1 + 0.2 * torch.randn(D, **dev) if owns else None
-    angle = pos[:, None].float() * torch.logspace(0, -4, D // 2, device="cuda")[None, :]
-    cos, sin = torch.cat([angle.cos()] * 2, -1).to(torch.bfloat16), torch.cat([angle.sin()] * 2, -1).to(torch.bfloat16)
+    y, qw, kw, cos, sin = batch.decode_projection(owns, k_eq_v)
     arena = batch.arena.clone()
     if owns:  # the rows the step writes start as NaN
         f, r = (slots // page).long(), (slots % page).long()
@@ -67,7 +58,7 @@ def test_the_fused_decode_launch_against_the_three_it_replaces(case):
         q = tn.q_norm_rope(y, qw, 1e-6, cos, sin)
     want = ta.paged_attention(q, three, *rest)
     one = arena.clone()
-    out = torch.full((B, hq, D), float("nan"), **dev)
+    out = torch.full_like(batch.q, float("nan"))
     got = ta.paged_attention(y, one, *rest, out=out, norms=ta.Norms(qw, kw, 1e-6, cos, sin, hq, k_eq_v),
                              write=(None, None, slots) if owns else None)
     assert torch.isfinite(got).all() and torch.isfinite(one).all()
@@ -100,15 +91,11 @@ def test_the_pipelined_fma_tile_gives_the_plain_tiles_bits(kv_dtype, stages, B):
     want = paged_attention_ref(batch.q.float(), *batch.args()[1:])
     torch.testing.assert_close(plain.float(), want, atol=2e-2, rtol=2e-2)
     slots = batch.own_slots()
-    dev = dict(device="cuda", dtype=torch.bfloat16)
-    y = torch.randn(B, (hq + 2 * hkv) * D, **dev) * 3
-    qw, kw = 0.1 * (1 + 0.2 * torch.randn(D, **dev)), 1 + 0.2 * torch.randn(D, **dev)
-    angle = (batch.kv_lens.long() - 1)[:, None].float() * torch.logspace(0, -4, D // 2, device="cuda")[None, :]
-    cos, sin = torch.cat([angle.cos()] * 2, -1).to(torch.bfloat16), torch.cat([angle.sin()] * 2, -1).to(torch.bfloat16)
+    y, qw, kw, cos, sin = batch.decode_projection()
     fused = []
     for c in (plain_cfg, piped_cfg):
         arena = batch.arena.clone()
-        out = ta.paged_attention(y, arena, *batch.args()[2:], out=torch.full((B, hq, D), float("nan"), **dev),
+        out = ta.paged_attention(y, arena, *batch.args()[2:], out=torch.full_like(batch.q, float("nan")),
                                  norms=ta.Norms(qw, kw, 1e-6, cos, sin, hq, False), write=(None, None, slots),
                                  config=c, num_splits=1)
         fused.append((out, arena))
