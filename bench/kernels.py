@@ -539,6 +539,10 @@ def main(argv=None):
                     help="with --decode-batch: the tiles of the decode on the CUDA cores (BATCH_FMA) instead")
     ap.add_argument("--decode-batch-pipe", action="store_true",
                     help="with --decode-batch: the CUDA-core tiles with a software-pipelined key loop (BATCH_PIPE)")
+    ap.add_argument("--decode-batches",
+                    help="with --decode-batch: the batch sizes timed, comma-separated (default "
+                         f"{','.join(map(str, FMA_BATCHES))} for the CUDA-core tiles, else "
+                         f"{','.join(map(str, BATCH_SIZES))})")
     ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
                     help="with --decode-batch: the arena's dtype (float8_e4m3fn: the one-byte arena)")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
@@ -589,8 +593,10 @@ def main(argv=None):
         table = (BATCH_SPLITS if args.decode_batch_splits else BATCH_SMALL if args.decode_batch_tiles
                  else BATCH_PIPE if args.decode_batch_pipe else BATCH_FMA if fma else BATCH_DECODE)
         rows = dict(rows=1, fma=True, pipe=args.decode_batch_pipe) if fma else dict(rows=16)
+        batches = ([int(b) for b in args.decode_batches.split(",") if b] if args.decode_batches
+                   else FMA_BATCHES if fma else BATCH_SIZES)
         for layer, tiles in table.items():
-            for b in FMA_BATCHES if fma else BATCH_SIZES:
+            for b in batches:
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),

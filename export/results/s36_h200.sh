@@ -7,7 +7,7 @@
 #   kernels  the 31B's layers' decode at batch 64/128/256, context 200, tiles forced: `bench.kernels
 #          --decode-batch [--decode-batch-tiles] --kv-dtype D` for D in $KV (default "bfloat16 float8_e4m3fn"),
 #          for each of $TABLES (default "table tiles": BATCH_DECODE, BATCH_SMALL; `fma`: BATCH_FMA, a tree that
-#          has it), the log kept as a .txt
+#          has it), at the batches $BATCHES (comma-separated; default the table's), the log kept as a .txt
 #   steps  the 31B's decode steps at the batches $STEPS (default 64,128,256), arms $ARMS alternated (default
 #          "bf16 fp8", a process each of at most $STEPS_CAP seconds, default 110): `bench.engine --config 31b
 #          --skip-hf --batches "" --engines inductor --decode-steps $STEPS --reps 3`, the fp8 arm with
@@ -53,7 +53,7 @@ case $PART in
              for t in ${TABLES:-table tiles}; do
                flag=""; [ "$t" != table ] && flag=--decode-batch-$t
                run_part "kernels_${kv}_$t" 150 python3 -m g4rt.bench.kernels --out "$OUT/kernels_${kv}_$t" \
-                 --decode-batch $flag --kv-dtype "$kv"
+                 --decode-batch $flag --kv-dtype "$kv" ${BATCHES:+--decode-batches $BATCHES}
                cp "$OUT/kernels_${kv}_$t.log" "$OUT/kernels_${kv}_$t.txt"; rm -rf "$OUT/kernels_${kv}_$t"
              done
            done ;;
