@@ -15,6 +15,8 @@
 #          ab/TREE (a `git archive --prefix=ab/TREE/g4rt/ REV`, carried) instead of this checkout
 #   tests and kernels run this checkout; `PKG=ab/TREE` runs that tree's instead
 #
+#   sampler  the token sampler's kernel, `bench.kernels --sampler`, arms $ARMS alternated (default "new radix new
+#          radix": this checkout and ab/radix, a process each of at most $SAMPLER_CAP s), $OUT/sampler_ARM_N.json
 #     bash export/results/s36_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 # The calls of session 36 (the steps need needs_h200: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's
 # weights); export/results/README.md, "A one-byte KV arena", gives each call's commands and tree.
@@ -64,6 +66,12 @@ case $PART in
            [ "${a%/*}" != "$a" ] && pkg=$PWD/ab/${a%/*}
            run_arm "$pkg" "${a//\//-}" $n steps_31b "${STEPS_CAP:-110}" engine --config 31b --skip-hf --batches "" \
              --engines inductor --decode-steps "${STEPS:-64,128,256}" --reps 3 "${kv[@]}"
+         done ;;
+  sampler) n=0  # `bench.kernels --sampler` (1 / 64 / 256 rows), arms $ARMS alternated: `new` this checkout, else ab/ARM
+         for a in ${ARMS:-new radix new radix}; do
+           n=$((n + 1)); pkg=/tmp/pkg d=$OUT/sampler_${a}_$n; [ "$a" != new ] && pkg=$PWD/ab/$a
+           PYTHONPATH=$pkg run_part "sampler_${a}_$n" "${SAMPLER_CAP:-120}" python3 -m g4rt.bench.kernels --out "$d" --sampler
+           mv "$d/sampler.json" "$d.json" && rm -rf "$d" "$d.log"
          done ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
