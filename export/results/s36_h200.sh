@@ -40,6 +40,14 @@
 #   next/fma3d: the fma decode norms its q itself; --prefix=ab/fnorm/g4rt/) against next/fma3d, e.g.
 #   ARMS="bf16 pipe/bf16 fp8 pipe/fp8 bf16 pipe/bf16 fp8 pipe/fp8" STEPS_CAP=70 bash export/results/s36_h200.sh steps 570
 #   ARMS="f3d/bf16 fnorm/bf16 f3d/bf16 fnorm/bf16 f3d/bf16 fnorm/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
+# Session 39 (the branches rebased on main; --decode-batches keeps the kernel tables to the batches in question, so
+# one call holds main's and next/fma3d's; next/radix: the sampler's top-k cut by a radix select, split over the
+# row's chunks; carry ["ab"] with git archive --prefix=ab/radix/g4rt/ next/radix as well), in one call, any card:
+#   O=$OUT; export BATCHES=64,128 KV=bfloat16; OUT=$O/m TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
+#   OUT=$O/f PKG=ab/f3d TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
+#   OUT=$O/s ARMS="new radix new radix" SAMPLER_CAP=80 bash export/results/s36_h200.sh sampler 170
+#   OUT=$O/t PKG=ab/f3d TESTS="tests/test_plugins_decode_gpu.py" bash export/results/s36_h200.sh tests 110
+#   rm -f $O/*/*.log; tar -czf $O/c1.tgz -C $O m f s t && rm -rf $O/m $O/f $O/s $O/t    # the files a call returns
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
