@@ -48,6 +48,9 @@
 #   OUT=$O/s ARMS="new radix new radix" SAMPLER_CAP=80 bash export/results/s36_h200.sh sampler 170
 #   OUT=$O/t PKG=ab/f3d TESTS="tests/test_plugins_decode_gpu.py" bash export/results/s36_h200.sh tests 110
 #   rm -f $O/*/*.log; tar -czf $O/c1.tgz -C $O m f s t && rm -rf $O/m $O/f $O/s $O/t    # the files a call returns
+# then the 31B's steps of next/pipe-norm (next/fma-norm with next/pipe's default; --prefix=ab/pn/g4rt/) against main
+# (STEPS=64 on an H100: bf16 batch 128 and 256 need an H200):
+#   ARMS="bf16 pn/bf16 bf16 pn/bf16 bf16 pn/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
