@@ -504,10 +504,12 @@ def decode_steps_tokens(batch: int, prompt_len: int, window: int, reps: int) -> 
 
 @torch.inference_mode()
 def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: int, seed: int,
-                 ceil: dict) -> list[dict]:
+                 ceil: dict, sampling: dict | None = None) -> list[dict]:
     """Steady-state decode of `batch` sequences: host wall per `LLM.step()` against the replay of the
     CUDA graph those steps run, for the overlapped loop and one step at a time, alternated `reps`
     times on the same requests (their prefill runs once, untimed; each arm times `window` steps).
+    `sampling`: the requests' temperature / top_k / top_p (SamplingParams fields; request i seeded
+    `seed + i`), default greedy, so the sampler's cost at a setting shows in the step.
 
     The caller picks `prompt_len` so that the timed steps stay in one table-width bucket (one graph);
     a capture inside a window would show in `captures_in_window`."""
@@ -515,8 +517,9 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
     new_tokens = decode_steps_tokens(batch, prompt_len, window, reps)
     frames = sum(promise_for(engine.geometry, prompt_len, new_tokens, cfg.chunk).frames for _ in range(batch)) + 8
     llm = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
-    ids = [llm.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True))
-           for p in prompts_for(model, batch, prompt_len, seed)]
+    sampling = sampling or {}
+    ids = [llm.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed + i, **sampling))
+           for i, p in enumerate(prompts_for(model, batch, prompt_len, seed))]
     seqs = [llm.scheduler.seqs[i] for i in ids]
     while not all(s.draws > 0 for s in seqs):  # prefill, untimed
         llm.step()
@@ -544,7 +547,7 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
                         "replay_ms": None if replay is None else round(replay, 3),
                         "wall_over_replay": None if replay is None else round(wall / replay, 3),
                         "tok_s_total": round(batch / wall * 1e3, 1), "of_roofline": round(r["roofline_step_ms"] / wall, 3),
-                        "graph_key": key and list(key),
+                        "graph_key": key and list(key), "sampling": sampling,
                         "captures_in_window": len(engine._graphs) - captured,
                         "running_after_window": sum(not s.finished for s in seqs), **r})
     for i in ids:
@@ -701,8 +704,9 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise)
     engine.plan_batches(max(steps + [1]))
     ok = True
+    sampling = {"temperature": a.decode_temperature, "top_k": a.decode_top_k, "top_p": a.decode_top_p}
     stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
-                                                               a.seed + b, ceil)) for b in steps]
+                                                               a.seed + b, ceil, sampling)) for b in steps]
     stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil, a.profile))
                for n in prompts]
     for name, arg, run in stages:
@@ -760,6 +764,10 @@ def main(argv=None) -> int:
                     help="the KV arena's dtype (default the weights', bfloat16); the rooflines count its bytes")
     ap.add_argument("--decode-steps", default="", help="batches whose steady-state decode step is timed "
                     "against its graph replay (decode_steps), e.g. 1,64,128,256")
+    ap.add_argument("--decode-temperature", type=float, default=0.0,
+                    help="the --decode-steps requests' sampling temperature (0: greedy, the default)")
+    ap.add_argument("--decode-top-k", type=int, default=0, help="their top-k cut (0: none), e.g. 64")
+    ap.add_argument("--decode-top-p", type=float, default=1.0, help="their top-p cut (1: none), e.g. 0.95")
     ap.add_argument("--ttft", default="", help="prompt lengths whose time to first token is measured, e.g. 2048,8192")
     ap.add_argument("--ttft-chunks", default="512,2048,8192", help="prefill chunk sizes the --ttft arms use")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each throughput arm")
@@ -783,6 +791,10 @@ def main(argv=None) -> int:
     unknown = set(a.engines.split(",")) - {"eager", "inductor"}
     if unknown:
         ap.error(f"--engines: unknown {', '.join(sorted(unknown))}; choose from eager,inductor")
+    try:
+        SamplingParams(temperature=a.decode_temperature, top_k=a.decode_top_k, top_p=a.decode_top_p)
+    except ValueError as e:
+        ap.error(f"--decode-temperature / --decode-top-k / --decode-top-p: {e}")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times the engines on random weights at a model's real size (on a CPU, "
                  "`g4rt run` runs the tiny model and `make test` the engines' checks)")

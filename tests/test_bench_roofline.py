@@ -134,3 +134,13 @@ def test_the_gpu_benches_refuse_a_machine_without_cuda_by_saying_so(module, args
         main(["--out", str(tmp_path / "out"), *args])
     assert stop.value.code == 2 and "needs a CUDA GPU" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_the_decode_steps_sampling_flags_are_checked_before_the_gpu(tmp_path, capsys):
+    """bench.engine's --decode-temperature / --decode-top-k / --decode-top-p are the requests' SamplingParams:
+    a bad one stops at the argument check naming the field, on any machine."""
+    from g4rt.bench.engine import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--out", str(tmp_path / "out"), "--decode-temperature", "1", "--decode-top-p", "1.5"])
+    assert stop.value.code == 2 and "top_p must be in (0, 1]" in capsys.readouterr().err

@@ -12,7 +12,8 @@
 #          "bf16 fp8", a process each of at most $STEPS_CAP seconds, default 110): `bench.engine --config 31b
 #          --skip-hf --batches "" --engines inductor --decode-steps $STEPS --reps 3`, the fp8 arm with
 #          `--kv-dtype float8_e4m3fn` (three contexts as the requests grow); an arm TREE/bf16 or TREE/fp8 runs
-#          ab/TREE (a `git archive --prefix=ab/TREE/g4rt/ REV`, carried) instead of this checkout
+#          ab/TREE (a `git archive --prefix=ab/TREE/g4rt/ REV`, carried) instead of this checkout; $STEPS_ARGS more
+#          bench.engine flags, e.g. "--decode-temperature 1 --decode-top-k 64" (sampled rows instead of greedy)
 #   tests and kernels run this checkout; `PKG=ab/TREE` runs that tree's instead
 #
 #   sampler  the token sampler's kernel, `bench.kernels --sampler`, arms $ARMS alternated (default "new radix new
@@ -76,7 +77,7 @@ case $PART in
            [ "${a#*/}" = fp8 ] && kv=(--kv-dtype float8_e4m3fn)
            [ "${a%/*}" != "$a" ] && pkg=$PWD/ab/${a%/*}
            run_arm "$pkg" "${a//\//-}" $n steps_31b "${STEPS_CAP:-110}" engine --config 31b --skip-hf --batches "" \
-             --engines inductor --decode-steps "${STEPS:-64,128,256}" --reps 3 "${kv[@]}"
+             --engines inductor --decode-steps "${STEPS:-64,128,256}" --reps 3 "${kv[@]}" ${STEPS_ARGS:-}
          done ;;
   sampler) n=0  # `bench.kernels --sampler` (1 / 64 / 256 rows), arms $ARMS alternated: `new` this checkout, else ab/ARM
          for a in ${ARMS:-new radix new radix}; do
