@@ -41,17 +41,19 @@
 #   next/fma3d: the fma decode norms its q itself; --prefix=ab/fnorm/g4rt/) against next/fma3d, e.g.
 #   ARMS="bf16 pipe/bf16 fp8 pipe/fp8 bf16 pipe/bf16 fp8 pipe/fp8" STEPS_CAP=70 bash export/results/s36_h200.sh steps 570
 #   ARMS="f3d/bf16 fnorm/bf16 f3d/bf16 fnorm/bf16 f3d/bf16 fnorm/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
-# Session 39 (the branches rebased on main; --decode-batches keeps the kernel tables to the batches in question, so
-# one call holds main's and next/fma3d's; next/radix: the sampler's top-k cut by a radix select, split over the
-# row's chunks; carry ["ab"] with git archive --prefix=ab/radix/g4rt/ next/radix as well), in one call, any card:
-#   O=$OUT; export BATCHES=64,128 KV=bfloat16; OUT=$O/m TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
-#   OUT=$O/f PKG=ab/f3d TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
-#   OUT=$O/s ARMS="new radix new radix" SAMPLER_CAP=80 bash export/results/s36_h200.sh sampler 170
-#   OUT=$O/t PKG=ab/f3d TESTS="tests/test_plugins_decode_gpu.py" bash export/results/s36_h200.sh tests 110
-#   rm -f $O/*/*.log; tar -czf $O/c1.tgz -C $O m f s t && rm -rf $O/m $O/f $O/s $O/t    # the files a call returns
-# then the 31B's steps of next/pipe-norm (next/fma-norm with next/pipe's default; --prefix=ab/pn/g4rt/) against main
-# (STEPS=64 on an H100: bf16 batch 128 and 256 need an H200):
-#   ARMS="bf16 pn/bf16 bf16 pn/bf16 bf16 pn/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
+# Session 39 ran, on one H100, the sampler part (new against radix) and the batch-64 steps of next/pipe-norm (ab/pn:
+# next/fma-norm with next/pipe's default) against main, and next/pipe-norm's GPU tests (export/results/README.md, "The
+# sampler's top-k by a radix select"). The next calls (carry ["ab"] with git archive --prefix=ab/pn/g4rt/
+# next/pipe-norm, --prefix=ab/radix/g4rt/ next/radix, --prefix=ab/f3d/g4rt/ next/fma3d):
+#   an H200 (needs_h200): next/pipe-norm at batch 64-256, both arenas, against main, before it is merged:
+#     ARMS="bf16 pn/bf16 bf16 pn/bf16 bf16 pn/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
+#     ARMS="fp8 pn/fp8 fp8 pn/fp8 fp8 pn/fp8" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
+#   any card: the sampler's top-p-only rows on next/radix against main (slower on the default tile in session 39):
+#     ARMS="new radix new radix new radix" SAMPLER_CAP=50 bash export/results/s36_h200.sh sampler 330
+#   any card: where next/pipe-norm's batch-64 gain comes from, the fma tile plain and pipelined on main and
+#   next/fma3d (--decode-batches keeps each table to the batches asked):
+#     O=$OUT; export BATCHES=64,128 KV=bfloat16; OUT=$O/m TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
+#     OUT=$O/f PKG=ab/f3d TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
