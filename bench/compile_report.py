@@ -10,6 +10,7 @@ its TTGIR (where the loop's copies and matmuls sit, their layouts), PTX and SASS
         [--kv-dtype float8_e4m3fn] [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
     python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--dtype bfloat16] [--arch 90] [--ir DIR]
+    python -m g4rt.bench.compile_report --sampler [--chunks 64] [--arch 90] [--ir DIR]
 
 The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
 shape (`takes_wgmma`; `--config '{"wgmma": false}'` keeps the Triton kernel), its constexprs, the 16-byte
@@ -20,6 +21,7 @@ taken. The report is the installed Triton's: run it with the version the GPU run
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import os
 import re
@@ -129,6 +131,32 @@ def gemv_report(*, n: int, k: int, rows: int = 1, dtype: str = "bfloat16", arch:
             "programs": triton.cdiv(n, config[0]) * const["SPLITS"], **report}
 
 
+def sampler_report(*, chunks: int = 64, arch: int = 90) -> list[dict]:
+    """The token sampler's kernels (plugins/triton_sampling.py) as `sample()` launches them over fp32 logits on its
+    default tile: the split kernels at `chunks` chunks a row (`first_pass_splits`: 64 for one row, 5 for 64 rows on an
+    H100's 132 SMs), the row's kernel after them and alone (one program a row, no split); each with its
+    constexprs and what compile_for returns."""
+    from g4rt.plugins import triton_sampling as ts
+
+    defaults = inspect.signature(ts.sample).parameters
+    block, num_warps = defaults["block"].default, defaults["num_warps"].default
+    tile, sp = dict(BLOCK=block), triton.next_power_of_2(chunks)
+    rounds = ts.SPLIT_ROUNDS
+    cases = ([(ts._first_pass_kernel, tile)] + [(ts._round_kernel, dict(ROUND=q, SP=sp, **tile)) for q in range(rounds)]
+             + [(ts._sample_kernel, dict(SPLIT=True, ROUNDS=rounds, SP=sp, NB=ts.SEARCH_WAYS, **tile)),
+                (ts._sample_kernel, dict(SPLIT=False, ROUNDS=0, SP=1, NB=ts.SEARCH_WAYS, **tile))])
+    pointers = {"x_ptr": "*fp32", "rows_ptr": "*i64", "part_ptr": "*fp32", "wins_ptr": "*i32", "mass_ptr": "*i64",
+                "out_ptr": "*i64"}
+    reports = []
+    for fn, const in cases:
+        sig = {n: pointers.get(n, "i32") for n in fn.arg_names} | {n: "constexpr" for n in const}
+        aligned = [n for n in fn.arg_names if n.endswith("_ptr")]
+        options = {"num_warps": num_warps, "enable_fp_fusion": False}  # as sample() launches them
+        reports.append({"kernel": fn.__name__, "constexprs": const,
+                        **compile_for(fn, sig, const, aligned, triton.compiler.ASTSource, options, arch)})
+    return reports
+
+
 def loop_instructions(sass: str) -> list[int]:
     """The instructions of each loop body in a `cuobjdump -sass` listing, in address order: a backward branch's
     span, from its target to the branch."""
@@ -179,6 +207,10 @@ def main(argv=None):
     ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"),
                     help="the skinny matmul's launch for a weight [N, K] instead (gemv_plan's tile and runs)")
     ap.add_argument("--rows", type=int, default=1, help="with --gemv: rows of x (1-128)")
+    ap.add_argument("--sampler", action="store_true",
+                    help="the token sampler's kernels instead (sampler_report), a JSON line each")
+    ap.add_argument("--chunks", type=int, default=64,
+                    help="with --sampler: the chunks a row its split kernels cut (64: one row; 5: 64 rows on an H100)")
     ap.add_argument("--decode", action="store_true", help="the decode launch (one query per sequence)")
     ap.add_argument("--splits", type=int, default=1, help="decode's runs over the keys (the split epilogue if > 1)")
     ap.add_argument("--programs-per-sm", type=float, default=0.0,
@@ -195,10 +227,17 @@ def main(argv=None):
     ap.add_argument("--config", default="{}", help="JSON tile overrides over default_config, e.g. "
                                                    "'{\"rows\": 64, \"num_stages\": 3, \"tma\": false}'")
     ap.add_argument("--arch", type=int, default=90, help="compute capability, 90 for Hopper")
-    ap.add_argument("--ir", help="a folder for attention.ttgir, .ptx and .sass (gemv.* with --gemv)")
+    ap.add_argument("--ir", help="a folder for attention.ttgir, .ptx and .sass (gemv.* with --gemv, "
+                                 "samplerI_KERNEL.* with --sampler)")
     args = ap.parse_args(argv)
     if launch.interpreting():
         ap.error("TRITON_INTERPRET is set: the interpreter compiles nothing; unset it to compile for a GPU")
+    if args.sampler:
+        if args.chunks < 2:
+            ap.error(f"--chunks must be at least 2 (the split kernels' chunks a row), got {args.chunks}")
+        for i, report in enumerate(sampler_report(chunks=args.chunks, arch=args.arch)):
+            emit(report, args, f"sampler{i}_{report['kernel']}")
+        return 0
     if args.gemv:
         try:
             report = gemv_report(n=args.gemv[0], k=args.gemv[1], rows=args.rows, dtype=args.dtype, arch=args.arch)

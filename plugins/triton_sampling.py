@@ -303,6 +303,7 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V,
 
 
 SPLIT_ROUNDS = 2  # top-p rounds the split programs run; a row that needs more goes on in one program
+SEARCH_WAYS = 8  # the top-k search's bounds a pass (_kth_key's NB)
 
 
 def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
@@ -347,5 +348,5 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
         for q in range(rounds):
             _round_kernel[(R, splits)](logits, rows, part, wins, mass, *args, ROUND=q, SP=sp, BLOCK=block, **opts)
     _sample_kernel[(R,)](logits, rows, part, wins, mass, out, R, V, logits.stride(0), splits, SPLIT=splits > 1,
-                         ROUNDS=rounds, SP=sp, BLOCK=block, NB=8, **opts)
+                         ROUNDS=rounds, SP=sp, BLOCK=block, NB=SEARCH_WAYS, **opts)
     return out

@@ -115,6 +115,21 @@ def test_a_register_cap_reaches_ptxas(tmp_path):
     assert free > 96 and report(tmp_path / "cap", *decode, "--config", '{"maxnreg": 96}')["registers"] <= 96
 
 
+def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
+    """`--sampler`: a JSON line for each kernel `sample()` launches, the split ones at --chunks chunks a row (SP the
+    next power of two) and the row's kernel split and alone, each with its loops; the alone one also runs the first
+    pass, so it has a loop more than the split one."""
+    r = run("--sampler", "--chunks", "5", "--ir", str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
+    assert [x["kernel"] for x in lines] == ["_first_pass_kernel", "_round_kernel", "_round_kernel", "_sample_kernel",
+                                            "_sample_kernel"]
+    assert lines[1]["constexprs"]["SP"] == 8 and all(x["registers"] and x["loop_instructions"] for x in lines)
+    assert len(lines[4]["loop_instructions"]) == len(lines[3]["loop_instructions"]) + 1
+    assert (tmp_path / "sampler4__sample_kernel.sass").exists()
+    assert run("--sampler", "--chunks", "1").returncode == 2
+
+
 def test_a_bad_config_and_the_interpreter_are_named():
     r = run(*FULL, "--config", "{rows: 64}")
     assert r.returncode == 2 and "--config is not JSON" in r.stderr
