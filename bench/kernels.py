@@ -52,6 +52,7 @@ from g4rt.plugins import triton_attention as ta
 from g4rt.runtime.sampling import BatchSampler, SamplingRows
 
 from .common import ceilings, time_ms, time_ms_eager
+from .engine import kernel_kinds
 
 DTYPE = torch.bfloat16  # of every case's KV arena, queries and activations
 SIZES = {"31B": "31b", "26B": "26b-a4b", "E2B": "e2b", "E4B": "e4b"}  # name: published config
@@ -444,6 +445,18 @@ def _events_ms(fn, calls: int) -> float:
     return start.elapsed_time(end) / calls
 
 
+def _kernels_ms(fn, calls: int) -> list:
+    """GPU ms per call of each kernel `fn` launches ([name, ms], longest first): `calls` calls under the
+    profiler after a warm-up call, so a change in the whole can be traced to the launch that made it."""
+    fn()
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    return [[name, round(ms / calls, 4)] for name, ms in kernel_kinds(prof)["top"]]
+
+
 def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, calls: int = 10) -> list[dict]:
     """Old (OldSampler) vs new (`g4rt::sample`'s Triton kernel) per row count and kind of row settings.
 
@@ -456,7 +469,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     export/results/cpu_old_sampler_top_p.txt).
     Then the arms alternate `reps` times, each timed over `calls` calls (`_events_ms`; both through
     their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a
-    CUDA-graph replay (`graph_ms`, no host cost), and at the smallest and largest row count for other
+    CUDA-graph replay (`graph_ms`, no host cost) with each of its kernels' GPU ms (`kernels_ms`), and at the smallest and largest row count for other
     tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults can follow numbers."""
     from g4rt.plugins import triton_sampling as ts
 
@@ -486,6 +499,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             for name, ts_ in times.items():
                 rec[name] = [round(min(ts_), 4), round(statistics.median(ts_), 4), round(max(ts_), 4)]
             rec["graph_ms"] = round(time_ms(lambda: ts.sample(logits, pack, out=out)), 4)
+            rec["kernels_ms"] = _kernels_ms(lambda: ts.sample(logits, pack, out=out), calls)
             if rows in (min(row_counts), max(row_counts)) and t > 0.0:  # other tiles, each checked first
                 rec["tiles"] = []
                 for block, warps in SAMPLER_TILES:

@@ -2,6 +2,7 @@
 step really reads, and the bounds built from them and from its FLOPs."""
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import pytest
@@ -144,3 +145,16 @@ def test_the_decode_steps_sampling_flags_are_checked_before_the_gpu(tmp_path, ca
     with pytest.raises(SystemExit) as stop:
         main(["--out", str(tmp_path / "out"), "--decode-temperature", "1", "--decode-top-p", "1.5"])
     assert stop.value.code == 2 and "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_the_samplers_kernels_are_timed_per_call(monkeypatch):
+    """`--sampler` records each kernel's GPU ms per call (`kernels_ms`): the profiled calls' sums divided by their
+    count, after one warm-up call outside the profiler."""
+    from g4rt.bench import kernels
+
+    calls = []
+    monkeypatch.setattr(kernels.torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(kernels.torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
+    monkeypatch.setattr(kernels, "kernel_kinds", lambda prof: {"top": [["_sample_kernel", 0.9], ["_round_kernel", 0.3]]})
+    assert kernels._kernels_ms(lambda: calls.append(1), 3) == [["_sample_kernel", 0.3], ["_round_kernel", 0.1]]
+    assert len(calls) == 4
