@@ -173,3 +173,28 @@ def prefer_shared_carveout(percent: int, lib=None) -> None:
             raise RuntimeError(f"cuFuncSetAttribute(carveout {percent} %) failed for kernel {name}: CUresult {rc}")
 
     knobs.runtime.kernel_load_end_hook.add(hook)
+
+
+def kernel_kinds(prof) -> dict:
+    """GPU kernel time of a profiled step, summed by what the kernel does (cuBLAS names vary by
+    version: anything that is not ours or Inductor's and reads like a GEMM counts as matmul)."""
+    kinds, names = {}, {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        n, us = e.name, e.time_range.elapsed_us()
+        kind = ("attention" if "_paged_attn" in n or "_combine" in n else "kv_write" if "_kv_write" in n else
+                "rms_norm" if any(k in n for k in ("_rms_norm", "_router_inputs", "_normed_sum")) else
+                "norm_rope" if "_norm_rope" in n else
+                "gelu_mul" if "_gelu" in n else
+                "inductor_fused" if n.startswith("triton_") else
+                "matmul" if any(m in n.lower() for m in ("gemm", "gemv", "nvjet", "cutlass", "xmma", "splitk")) else
+                "other")
+        kinds.setdefault(kind, [0, 0.0])
+        kinds[kind][0] += 1
+        kinds[kind][1] += us
+        names[n[:90]] = names.get(n[:90], 0.0) + us
+    top = sorted(names.items(), key=lambda kv: -kv[1])[:12]
+    return {"kernels": sum(k[0] for k in kinds.values()), "kernel_ms": round(sum(k[1] for k in kinds.values()) / 1e3, 3),
+            "by_kind": {k: {"count": c, "ms": round(us / 1e3, 3)} for k, (c, us) in sorted(kinds.items())},
+            "top": [[n, round(us / 1e3, 3)] for n, us in top]}

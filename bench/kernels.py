@@ -51,8 +51,7 @@ from g4rt.plugins import reference
 from g4rt.plugins import triton_attention as ta
 from g4rt.runtime.sampling import BatchSampler, SamplingRows
 
-from .common import ceilings, time_ms, time_ms_eager
-from .engine import kernel_kinds
+from .common import ceilings, kernel_kinds, time_ms, time_ms_eager
 
 DTYPE = torch.bfloat16  # of every case's KV arena, queries and activations
 SIZES = {"31B": "31b", "26B": "26b-a4b", "E2B": "e2b", "E4B": "e4b"}  # name: published config

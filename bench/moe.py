@@ -44,9 +44,9 @@ from g4rt.runtime.llm import LLM
 from g4rt.runtime.sampling import SamplingParams
 from g4rt.runtime.scheduler import SchedulerConfig
 
-from .common import ceilings, first_differences, log_json, sync, time_ms, time_to_first_token
-from .engine import (active_weight_bytes, decode_profile, expert_bytes, hf_decode, hf_model_from,
-                     kernel_kinds, kv_bytes_per_step, prompts_for, run_llm, weight_bytes_per_step)
+from .common import ceilings, first_differences, kernel_kinds, log_json, sync, time_ms, time_to_first_token
+from .engine import (active_weight_bytes, decode_profile, expert_bytes, hf_decode, hf_model_from, kv_bytes_per_step,
+                     prompts_for, run_llm, weight_bytes_per_step)
 
 # Candidate tiles per regime (plugins/triton_moe.py DECODE / PREFILL are the defaults), timed by --tiles:
 # the earlier decode tiles (export/results/README_moe.md) and 128-row prefill blocks.

@@ -215,11 +215,11 @@ def test_decode_padding_to_a_bucket_changes_nothing_real():
 
 
 def test_the_profile_sorts_kernels_by_what_they_do():
-    """bench/engine.py `kernel_kinds`, which the H200 profiles report by: each of our Triton kernels and
+    """bench/common.py `kernel_kinds`, which the H200 profiles report by: each of our Triton kernels and
     Inductor's and cuBLAS's under its own kind, host events left out, counts and times summed."""
     from types import SimpleNamespace
 
-    from g4rt.bench.engine import kernel_kinds
+    from g4rt.bench.common import kernel_kinds
     cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
 
     def event(name, us, device=cuda):
