@@ -327,23 +327,26 @@ def cmd_serve(args) -> int:
         config = ServiceConfig(served_model_name=args.served_model_name or source.resolve().name,
                                max_queue=args.max_queue, api_key=args.api_key or os.environ.get("G4RT_API_KEY"),
                                allowed_origins=tuple(args.allowed_origins or ()), max_body_bytes=args.max_body_bytes,
-                               read_timeout_s=args.read_timeout)
+                               read_timeout_s=args.read_timeout, generation_config=args.generation_config == "auto")
     except ValueError as e:
         raise SystemExit(f"serve: {e}")
     try:  # the LLM is built in the engine process (runtime/service/wire.py says why)
         service = Service.from_dir(EngineSpec(functools.partial(_serve_llm, args, source)), source, config)
     except EngineStartError as e:
         raise SystemExit(str(e))
+    except ValueError as e:  # a generation_config.json it cannot use
+        raise SystemExit(f"serve: --generation-config auto: {e}")
     try:
         server = Server(service, args.host, args.port, backlog=args.backlog, shutdown_timeout_s=args.shutdown_timeout,
                         access_log=not args.no_access_log)
     except (OSError, ValueError) as e:
         service.close()
         raise SystemExit(f"serve: {e}")
-    info = service.engine.info
+    info, d = service.engine.info, service.ctx.defaults
     print(f"g4rt serve: {info['engine']} as '{config.served_model_name}' on {server.url} ({info['num_frames']} KV "
-          f"frames, max_num_seqs {info['max_num_seqs']}, max_model_len {service.ctx.max_model_len}); warming up, "
-          f"GET /ready answers 200 when done; SIGTERM or Ctrl-C drains", flush=True)
+          f"frames, max_num_seqs {info['max_num_seqs']}, max_model_len {service.ctx.max_model_len}; a request "
+          f"that leaves them out samples at temperature {d.temperature}, top_k {d.top_k}, top_p {d.top_p}); "
+          f"warming up, GET /ready answers 200 when done; SIGTERM or Ctrl-C drains", flush=True)
     return server.run()
 
 
@@ -476,6 +479,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="request bodies beyond this get 413 before they are read")
     v.add_argument("--read-timeout", type=_positive("--read-timeout", float), default=30.0,
                    help="seconds a client has to send its request body")
+    v.add_argument("--generation-config", choices=["auto", "none"], default="auto",
+                   help="where the sampling settings a request leaves out come from: 'auto' the model directory's "
+                        "generation_config.json (temperature, top_k, top_p; as vLLM), 'none' the OpenAI API's "
+                        "(temperature 1, top_p 1, no top-k)")
     v.add_argument("--backlog", type=int, default=4096, help="listen backlog (>= 2048, for bursts of connections)")
     v.add_argument("--no-access-log", action="store_true", help="do not log one line per request")
     v.set_defaults(func=cmd_serve)

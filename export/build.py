@@ -58,14 +58,13 @@ def _manifest(cfg, geometry, model_dir: Path, backend: str, dtype: str, page_tok
 
 def copy_tokenizer(model_dir: Path, out: Path) -> dict:
     """Copy the checkpoint's tokenizer.json, if any, so text prompts work with `--engine` alone (and its
-    tokenizer_config.json / chat_template.jinja, where `g4rt serve` finds the chat template);
-    returns the manifest's `files` entry for it."""
-    if not (model_dir / "tokenizer.json").is_file():
-        return {}
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+    tokenizer_config.json / chat_template.jinja, where `g4rt serve` finds the chat template), and its
+    generation_config.json (the sampling defaults `g4rt serve` applies); returns the manifest's `files`
+    entry for the tokenizer."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "generation_config.json"):
         if (model_dir / name).is_file():
             shutil.copyfile(model_dir / name, out / name)
-    return {"tokenizer": "tokenizer.json"}
+    return {"tokenizer": "tokenizer.json"} if (model_dir / "tokenizer.json").is_file() else {}
 
 
 def export_onnx(model_spec: str | Path, out_dir: str | Path, *, dtype: str = "float32",

@@ -203,3 +203,19 @@ def test_inductor_engine_directory_is_complete(tmp_path):
     # its compile notes live under `compile`.
     assert m["profiles"] == {} and m["compile"]["batch_buckets"]
     check_step(m["profiles"], {"tokens": 4096, "seqs": 256})
+
+
+def test_a_build_carries_the_models_tokenizer_and_generation_config(tmp_path):
+    """copy_tokenizer: the tokenizer files and generation_config.json (the sampling defaults `g4rt serve` applies)
+    go into the engine directory, each where the checkpoint has it; the manifest names the tokenizer only when
+    there is one."""
+    from g4rt.export.build import copy_tokenizer
+
+    src, out = tmp_path / "model", tmp_path / "eng"
+    src.mkdir()
+    out.mkdir()
+    (src / "generation_config.json").write_text('{"top_k": 64}')
+    assert copy_tokenizer(src, out) == {}
+    assert (out / "generation_config.json").read_text() == '{"top_k": 64}' and not (out / "tokenizer.json").exists()
+    (src / "tokenizer.json").write_text("{}")
+    assert copy_tokenizer(src, out) == {"tokenizer": "tokenizer.json"} and (out / "tokenizer.json").is_file()

@@ -360,3 +360,20 @@ def test_build_takes_the_limit_flags_generate_and_serve_spell():
     assert (args.max_seqs, args.max_batched_tokens) == (3, 16)
     args = build_parser().parse_args(base + ["--max-seqs", "5", "--max-batched-tokens", "32"])
     assert (args.max_seqs, args.max_batched_tokens) == (5, 32)
+
+
+def test_serve_refuses_a_generation_config_it_cannot_use_before_starting_the_engine(tmp_path, capsys):
+    """`serve --generation-config auto` (the default) reads the model directory's generation_config.json; a bad
+    value stops the start naming the flag, the file and the key, before the engine process is built. --help
+    says where the defaults come from."""
+    from g4rt.models.tiny import ensure_tiny
+
+    d = tmp_path / "model"
+    shutil.copytree(ensure_tiny(), d)
+    (d / "generation_config.json").write_text(json.dumps({"top_p": 0}))
+    with pytest.raises(SystemExit) as stop:
+        main(["serve", "--model", str(d), "--port", "0", "--num-frames", "8"])
+    assert "--generation-config auto" in str(stop.value) and "generation_config.json: top_p" in str(stop.value)
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    assert "generation_config.json (temperature, top_k, top_p; as vLLM)" in " ".join(capsys.readouterr().out.split())

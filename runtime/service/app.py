@@ -47,6 +47,9 @@ class ServiceConfig:
     prepare_threads: int = 4
     # completions with token-id prompts in bodies this small are prepared on the event loop (prepare.cheap)
     inline_prepare_bytes: int = 8192
+    # sampling settings a request leaves out come from the model directory's generation_config.json (as vLLM's
+    # default `--generation-config auto`); False: the OpenAI API's (prepare.Defaults)
+    generation_config: bool = True
 
     def __post_init__(self):
         for name in ("max_queue", "max_body_bytes", "prepare_threads"):
@@ -68,12 +71,13 @@ class Service:
     WARM_ROUNDS = 3  # of each warm-up request (warm_up)
 
     def __init__(self, engine: EngineSpec, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
-                 template: ChatTemplate | None = None):
+                 template: ChatTemplate | None = None, defaults: prepare.Defaults = prepare.Defaults()):
         self.config = config
         self.metrics = Metrics()
         self.outputs = Outputs(tokenizer, self.metrics, lambda cids: self.engine.cancel(cids))
         self.engine = EngineClient(engine, self.metrics, self.outputs)
-        self.ctx = prepare.Context(config.served_model_name, self.engine.info["max_model_len"], tokenizer, template)
+        self.ctx = prepare.Context(config.served_model_name, self.engine.info["max_model_len"], tokenizer, template,
+                                   defaults)
         self.pool = ThreadPoolExecutor(config.prepare_threads, thread_name_prefix="g4rt-prepare")
         self.draining = False
         self.warm = False  # warm_up is done
@@ -82,8 +86,11 @@ class Service:
 
     @classmethod
     def from_dir(cls, engine: EngineSpec, model_dir, config: ServiceConfig = ServiceConfig()) -> "Service":
-        """Tokenizer and chat template from a model or engine directory (either may be absent)."""
-        return cls(engine, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir))
+        """Tokenizer, chat template and (`config.generation_config`) sampling defaults from a model or engine
+        directory (any may be absent); ValueError for a generation_config.json it cannot use, before the
+        engine process starts."""
+        defaults = prepare.Defaults.from_dir(model_dir) if config.generation_config else prepare.Defaults()
+        return cls(engine, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir), defaults)
 
     def close(self) -> None:
         self.engine.close()

@@ -6,13 +6,55 @@ by max_model_len x the longest token's bytes (and the body limit), not by what a
 """
 from __future__ import annotations
 
+import json
+import logging
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..sampling import SamplingParams
 from .chat import ChatTemplate
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
 from .text import Tokenizer
+
+
+GENERATION_CONFIG = "generation_config.json"
+# generation_config.json keys that change the distribution but that this engine does not implement: a model that
+# sets one is served without it, and the start says so (a request that sends one is refused, protocol._only)
+_UNSUPPORTED = {"repetition_penalty": 1.0, "min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+log = logging.getLogger("g4rt.serve")
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """The sampling settings of a request that leaves them out: the OpenAI API's (temperature 1, no top-k,
+    top-p 1), or with `from_dir` the model's own from its generation_config.json, as `vllm serve` applies
+    them (its default `--generation-config auto`): temperature, top_k and top_p where the file sets them;
+    `do_sample` is not read (a request that sends temperature 0 is greedy)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @classmethod
+    def from_dir(cls, model_dir) -> "Defaults":
+        """The file's settings over the API's; ValueError naming the file and the key for a bad one."""
+        path = Path(model_dir) / GENERATION_CONFIG
+        if not path.is_file():
+            return cls()
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        given = {k: cfg[k] for k in ("temperature", "top_k", "top_p") if cfg.get(k) is not None}
+        try:
+            SamplingParams(**given)  # its checks name the key
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        ignored = sorted(k for k, neutral in _UNSUPPORTED.items() if cfg.get(k) not in (None, neutral))
+        if ignored:
+            log.warning("%s sets %s, which this engine does not implement: served without", path, ", ".join(ignored))
+        return cls(**{k: float(v) if k != "top_k" else v for k, v in given.items()})
 
 
 @dataclass(frozen=True)
@@ -23,6 +65,7 @@ class Context:
     max_model_len: int
     tokenizer: Tokenizer | None
     template: ChatTemplate | None
+    defaults: Defaults = field(default_factory=Defaults)
 
 
 @dataclass
@@ -88,10 +131,11 @@ def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int, par
     if prompt_len + max_new > ctx.max_model_len:
         raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_new}) = {prompt_len + max_new} "
                             f"exceeds max_model_len {ctx.max_model_len}", "max_tokens", "context_length_exceeded")
+    d = ctx.defaults
     try:
         return SamplingParams(
-            max_new_tokens=max_new, temperature=1.0 if req.temperature is None else req.temperature,
-            top_k=max(0, req.top_k or 0), top_p=1.0 if req.top_p is None else req.top_p,
+            max_new_tokens=max_new, temperature=d.temperature if req.temperature is None else req.temperature,
+            top_k=d.top_k if req.top_k is None else max(0, req.top_k), top_p=d.top_p if req.top_p is None else req.top_p,
             seed=None if req.seed is None else req.seed + i, stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos)
     except ValueError as e:
