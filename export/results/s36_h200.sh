@@ -17,7 +17,8 @@
 #   tests and kernels run this checkout; `PKG=ab/TREE` runs that tree's instead
 #
 #   sampler  the token sampler's kernel, `bench.kernels --sampler`, arms $ARMS alternated (default "new radix new
-#          radix": this checkout and ab/radix, a process each of at most $SAMPLER_CAP s), $OUT/sampler_ARM_N.json
+#          radix": this checkout and ab/radix, a process each of at most $SAMPLER_CAP s), $OUT/sampler_ARM_N.json;
+#          each case's `kernels_ms` gives its kernels' GPU ms a call (profiled), which tells the launch that moved
 #     bash export/results/s36_h200.sh PART [budget_s]      # default 570 s; results under $OUT
 # The calls of session 36 (the steps need needs_h200: batch 128 and 256 do not fit an H100's 80 GB beside the 31B's
 # weights); export/results/README.md, "A one-byte KV arena", gives each call's commands and tree.
@@ -54,6 +55,9 @@
 #   next/fma3d (--decode-batches keeps each table to the batches asked):
 #     O=$OUT; export BATCHES=64,128 KV=bfloat16; OUT=$O/m TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
 #     OUT=$O/f PKG=ab/f3d TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
+# Session 40 ran none of them (every start refused); the sampler part now records each kernel's time, so its
+# call answers which of next/radix's launches makes the top-p-only rows slower (ab/radix re-archived from the
+# rebased branch, which carries the same bench).
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
