@@ -357,6 +357,7 @@ def _combine_kernel(ws_acc_ptr, ws_ml_ptr, out_ptr, num_splits, D: tl.constexpr,
 
 WIDE_DECODE = 6  # programs an SM from which an unsplit head-dim-256 decode takes one-warp tiles (default_config)
 FMA_GROUP = 2  # the largest group whose wide unsplit decode runs on the CUDA cores (`fma`, default_config)
+PIPE_BELOW = 12  # programs an SM below which the fma tile's key loop is software-pipelined (`pipe`, default_config)
 
 
 def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int = 1,
@@ -388,6 +389,11 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
       bf16 took 87.2 / 148.5 / 289.6 us against the one-warp MMA tile's 87.3 / 161.6 / 312.4, e4m3 63.1 / 88.1 /
       168.5 (80-84 % of the copy bandwidth from batch 128) where its MMA tiles took 76-83 / 129 / 238. A group
       of 8 (the full layers) took 2-5x its MMA tile's time this way (export/results/README.md, session 37).
+      Below PIPE_BELOW programs an SM (the 31B's batch 64: 7.8) its key loop is software-pipelined (`pipe`: the
+      next tiles' K and V in flight while one is summed), 2 stages with bf16, 3 with e4m3: on an H100 at batch 64,
+      context 200, 82.2 against 87.5 us (86 % of the copy bandwidth against 81 %) and 49.8 against 63.2 us; at
+      batch 128 (15.5 an SM) the pipelined tile's registers (141 / 168) leave too few programs an SM and it took
+      173.3 against 149.3 us and 114.5 against 88.3 (export/results/README.md, session 40).
     * A one-byte arena (`kv_bytes` 1; default `elem_bytes`) in a larger group, where the MMA tile's work per key,
       not its bytes, bounds the decode (38-41 % of the copy bandwidth on the H200): from WIDE_DECODE programs an
       SM 16-key tiles over 2 warps in 3 stages (the fastest of `bench.kernels --decode-batch --decode-batch-tiles
@@ -396,6 +402,8 @@ def default_config(head_dim: int, decode: bool, elem_bytes: int = 2, splits: int
     one_byte = (kv_bytes or elem_bytes) == 1
     if decode and head_dim <= 256 and splits == 1 and programs_per_sm >= WIDE_DECODE and group <= FMA_GROUP:
         cfg = {"rows": 1, "block_n": 8, "num_warps": 1, "num_stages": 2, "fma": True}
+        if programs_per_sm < PIPE_BELOW:
+            cfg.update(pipe=True, num_stages=3 if one_byte else 2)
     elif decode and one_byte and splits == 1 and head_dim > 256:
         cfg = {"rows": 16, "block_n": 32, "num_warps": 4, "num_stages": 1}
     elif decode and one_byte and splits == 1 and programs_per_sm >= WIDE_DECODE:

@@ -212,11 +212,16 @@ def test_an_unsplit_decode_at_head_dim_256_takes_the_small_tile():
                                                          "interior": True}
     wide = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, group=ta.FMA_GROUP + 1)
     assert (wide["block_n"], wide["num_warps"]) == (16, 1)
-    # a group of at most FMA_GROUP heads: 8-key tiles on the CUDA cores over one warp, either arena
-    for kv_bytes in (2, 1):
+    # a group of at most FMA_GROUP heads: 8-key tiles on the CUDA cores over one warp, either arena, their key loop
+    # pipelined below PIPE_BELOW programs an SM (2 stages with bf16, 3 with e4m3) and plain from it
+    for kv_bytes, stages in ((2, 2), (1, 3)):
         fma = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE, kv_bytes=kv_bytes,
                                 group=ta.FMA_GROUP)
         assert (fma["rows"], fma["block_n"], fma["num_warps"], fma.get("fma")) == (1, 8, 1, True)
+        assert (fma.get("pipe"), fma["num_stages"]) == (True, stages)
+        full = ta.default_config(256, True, 2, splits=1, programs_per_sm=ta.PIPE_BELOW, kv_bytes=kv_bytes,
+                                 group=ta.FMA_GROUP)
+        assert full.get("fma") and not full.get("pipe") and full["num_stages"] == 2
     assert ta.default_config(256, True, 2, splits=4, programs_per_sm=ta.WIDE_DECODE)["block_n"] == 64
     assert ta.default_config(512, True, 2, splits=1, programs_per_sm=ta.WIDE_DECODE)["num_warps"] == 4
     assert ta.default_config(256, True, 2, splits=4)["block_n"] == 64

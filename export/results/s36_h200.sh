@@ -55,9 +55,15 @@
 #   next/fma3d (--decode-batches keeps each table to the batches asked):
 #     O=$OUT; export BATCHES=64,128 KV=bfloat16; OUT=$O/m TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
 #     OUT=$O/f PKG=ab/f3d TABLES="fma pipe" bash export/results/s36_h200.sh kernels 150
-# Session 40 ran none of them (every start refused); the sampler part now records each kernel's time, so its
-# call answers which of next/radix's launches makes the top-p-only rows slower (ab/radix re-archived from the
-# rebased branch, which carries the same bench).
+# Session 40 (one H100, late; export/results/README.md, "The sampler's launches timed one by one") ran the sampler
+# part (its kernels_ms: next/radix loses in the row kernel's serial third top-p round) and the kernel tables above
+# (main and next/fma3d, both arenas): main now pipelines the fma tile below PIPE_BELOW programs an SM (batch 64);
+# next/pipe-norm is not to be merged (its pipelining costs batch 128 16-30 %). The next calls:
+#   an H200 (needs_h200): main against main before the batch-64 pipelining (2714f6d), both arenas:
+#     git archive --prefix=ab/pre40/g4rt/ 2714f6d | tar -x
+#     STEPS=64,128 ARMS="bf16 pre40/bf16 bf16 pre40/bf16 bf16 pre40/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
+#     the same with fp8 and pre40/fp8 (the e4m3 arena: 3 stages at batch 64)
+#   any card: the sampler with more split top-p rounds (SPLIT_ROUNDS 3 / 4, to build) on main and next/radix
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
