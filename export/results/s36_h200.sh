@@ -63,7 +63,10 @@
 #     git archive --prefix=ab/pre40/g4rt/ 2714f6d | tar -x
 #     STEPS=64,128 ARMS="bf16 pre40/bf16 bf16 pre40/bf16 bf16 pre40/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
 #     the same with fp8 and pre40/fp8 (the e4m3 arena: 3 stages at batch 64)
-#   any card: the sampler with more split top-p rounds (SPLIT_ROUNDS 3 / 4, to build) on main and next/radix
+#   any card: the sampler with 4 split top-p rounds instead of 2, on main (`next/rounds4`) and on next/radix
+#   (`next/radix-r4`), against both (git archive --prefix=ab/ARM/g4rt/ for r4 next/rounds4, radix next/radix,
+#   rr4 next/radix-r4); a machine's first process of a tree compiles from a cold cache, so give it room:
+#     ARMS="new r4 radix rr4 new r4 radix rr4 new r4 radix rr4" SAMPLER_CAP=60 bash export/results/s36_h200.sh sampler 570
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
