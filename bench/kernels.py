@@ -468,8 +468,9 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     export/results/cpu_old_sampler_top_p.txt).
     Then the arms alternate `reps` times, each timed over `calls` calls (`_events_ms`; both through
     their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a
-    CUDA-graph replay (`graph_ms`, no host cost) with each of its kernels' GPU ms (`kernels_ms`), and at the smallest and largest row count for other
-    tiles (`SAMPLER_TILES`: same tokens, graph ms), so defaults can follow numbers."""
+    CUDA-graph replay (`graph_ms`, no host cost) with each of its kernels' GPU ms (`kernels_ms`), and at
+    the smallest and largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so
+    defaults can follow numbers."""
     from g4rt.plugins import triton_sampling as ts
 
     old, new_sampler = OldSampler(), BatchSampler("triton")

@@ -155,6 +155,7 @@ def test_the_samplers_kernels_are_timed_per_call(monkeypatch):
     calls = []
     monkeypatch.setattr(kernels.torch.cuda, "synchronize", lambda: None)
     monkeypatch.setattr(kernels.torch.profiler, "profile", lambda **kw: contextlib.nullcontext())
-    monkeypatch.setattr(kernels, "kernel_kinds", lambda prof: {"top": [["_sample_kernel", 0.9], ["_round_kernel", 0.3]]})
+    top = [["_sample_kernel", 0.9], ["_round_kernel", 0.3]]
+    monkeypatch.setattr(kernels, "kernel_kinds", lambda prof: {"top": top})
     assert kernels._kernels_ms(lambda: calls.append(1), 3) == [["_sample_kernel", 0.3], ["_round_kernel", 0.1]]
     assert len(calls) == 4

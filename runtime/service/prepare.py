@@ -54,7 +54,7 @@ class Defaults:
         ignored = sorted(k for k, neutral in _UNSUPPORTED.items() if cfg.get(k) not in (None, neutral))
         if ignored:
             log.warning("%s sets %s, which this engine does not implement: served without", path, ", ".join(ignored))
-        return cls(**{k: float(v) if k != "top_k" else v for k, v in given.items()})
+        return cls(**given)
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,8 @@ def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int, par
     try:
         return SamplingParams(
             max_new_tokens=max_new, temperature=d.temperature if req.temperature is None else req.temperature,
-            top_k=d.top_k if req.top_k is None else max(0, req.top_k), top_p=d.top_p if req.top_p is None else req.top_p,
+            top_k=d.top_k if req.top_k is None else max(0, req.top_k),
+            top_p=d.top_p if req.top_p is None else req.top_p,
             seed=None if req.seed is None else req.seed + i, stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos)
     except ValueError as e:
