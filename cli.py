@@ -21,7 +21,7 @@ from g4rt.models.parallel import TP_SIZES
 from g4rt.plugins.ops import KERNELS, check_kernels
 from g4rt.runtime.admission import RequestTooLarge, promise_for
 from g4rt.runtime.plan import GIB, format_plan, make_plan
-from g4rt.runtime.sampling import SamplingParams
+from g4rt.runtime.sampling import GenerationDefaults, SamplingParams
 
 
 def _need(cmd: str, extra: str, *modules: str) -> None:
@@ -245,15 +245,20 @@ def cmd_generate(args) -> int:
     if not prompts:
         raise SystemExit("generate: give at least one --token-ids or --prompt")
     try:
-        params = [SamplingParams(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                                 top_p=args.top_p, seed=None if args.seed is None else args.seed + i)
+        d = GenerationDefaults.from_dir(source) if args.generation_config == "auto" else GenerationDefaults()
+    except ValueError as e:
+        raise SystemExit(f"generate: --generation-config auto: {e}")
+    try:
+        max_new = d.pick("max_new_tokens", args.max_new_tokens, 16)
+        params = [SamplingParams(max_new_tokens=max_new, temperature=d.pick("temperature", args.temperature, 0.0),
+                                 top_k=d.pick("top_k", args.top_k, 0), top_p=d.pick("top_p", args.top_p, 1.0),
+                                 seed=None if args.seed is None else args.seed + i)
                   for i in range(len(prompts))]
     except ValueError as e:
         raise SystemExit(f"generate: {e}")
 
     def frames_for(geometry, config, device) -> int:  # default: every request at once (their promises summed)
-        return args.num_frames or sum(promise_for(geometry, len(p), args.max_new_tokens, config.chunk).frames
-                                      for p in prompts)
+        return args.num_frames or sum(promise_for(geometry, len(p), max_new, config.chunk).frames for p in prompts)
 
     llm, engine_name = _open_llm(args, "generate", source, frames_for)
     frames = llm.pool.num_frames
@@ -343,9 +348,11 @@ def cmd_serve(args) -> int:
         service.close()
         raise SystemExit(f"serve: {e}")
     info, d = service.engine.info, service.ctx.defaults
+    length = f"up to {d.max_new_tokens} tokens" if d.max_new_tokens else "the API's max_tokens"
     print(f"g4rt serve: {info['engine']} as '{config.served_model_name}' on {server.url} ({info['num_frames']} KV "
           f"frames, max_num_seqs {info['max_num_seqs']}, max_model_len {service.ctx.max_model_len}; a request "
-          f"that leaves them out samples at temperature {d.temperature}, top_k {d.top_k}, top_p {d.top_p}); "
+          f"that leaves them out samples at temperature {d.pick('temperature', None, 1.0)}, top_k "
+          f"{d.pick('top_k', None, 0)}, top_p {d.pick('top_p', None, 1.0)}, {length}); "
           f"warming up, GET /ready answers 200 when done; SIGTERM or Ctrl-C drains", flush=True)
     return server.run()
 
@@ -443,10 +450,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--token-ids", type=_token_ids, action="append",
                    help="a prompt as comma-separated token ids, e.g. 2,15,7 (repeat for several prompts)")
     g.add_argument("--prompt", action="append", help="a prompt as text (needs tokenizer.json; repeatable)")
-    g.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=16)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=0, help="keep the k most likely tokens (0 = off)")
-    g.add_argument("--top-p", type=float, default=1.0, help="nucleus mass to keep (1 = off)")
+    g.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=None,
+                   help="tokens to generate at most (default: the model's, else 16)")
+    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0)")
+    g.add_argument("--top-k", type=int, default=None,
+                   help="keep the k most likely tokens, 0 = off (default: the model's, else 0)")
+    g.add_argument("--top-p", type=float, default=None, help="nucleus mass to keep, 1 = off (default: the model's, "
+                                                            "else 1)")
+    g.add_argument("--generation-config", choices=["auto", "none"], default="auto",
+                   help="'auto': the settings above that are not given come from the model or engine directory's "
+                        "generation_config.json where it sets them (as vLLM's LLM.generate); 'none': greedy, 16 "
+                        "tokens")
     g.add_argument("--seed", type=int, default=None, help="sampling seed; prompt i uses seed + i")
     g.add_argument("--reference", action="store_true", help="use the linear reference cache instead of pages")
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -481,8 +495,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a client has to send its request body")
     v.add_argument("--generation-config", choices=["auto", "none"], default="auto",
                    help="where the sampling settings a request leaves out come from: 'auto' the model directory's "
-                        "generation_config.json (temperature, top_k, top_p; as vLLM), 'none' the OpenAI API's "
-                        "(temperature 1, top_p 1, no top-k)")
+                        "generation_config.json (temperature, top_k, top_p, max_new_tokens as max_tokens; as "
+                        "vLLM), 'none' the OpenAI API's (temperature 1, top_p 1, no top-k; max_tokens 16 for "
+                        "completions, the rest of max_model_len for chat)")
     v.add_argument("--backlog", type=int, default=4096, help="listen backlog (>= 2048, for bursts of connections)")
     v.add_argument("--no-access-log", action="store_true", help="do not log one line per request")
     v.set_defaults(func=cmd_serve)

@@ -28,9 +28,12 @@ below the row's top, in steps of 2^-16 (scores closer than that are ties of the 
 """
 from __future__ import annotations
 
+import json
+import logging
 import random
 from array import array
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -63,6 +66,57 @@ class SamplingParams:
             raise ValueError(f"seed must be an integer in [0, 2**63) (the sampler's int64 seeds) or None, "
                              f"got {self.seed!r}")
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+
+
+GENERATION_CONFIG = "generation_config.json"
+# generation_config.json keys that change the distribution but that this engine does not implement: a model that
+# sets one is generated without it, and a warning says so (a service request that sends one is refused,
+# service/protocol._only)
+_UNSUPPORTED = {"repetition_penalty": 1.0, "min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
+log = logging.getLogger("g4rt.sampling")
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """The settings a request leaves out, from a model directory's generation_config.json as vLLM applies them
+    by default (`--generation-config auto`): temperature, top_k, top_p and max_new_tokens where the file sets
+    them, None where it does not (the caller's own default then: the OpenAI API's in the service, greedy and
+    16 tokens in `g4rt generate`). `do_sample` is not read: a request that asks for temperature 0 is greedy."""
+
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_dir(cls, model_dir) -> "GenerationDefaults":
+        """The file's settings (none without the file); ValueError naming the file and the key for a bad one."""
+        path = Path(model_dir) / GENERATION_CONFIG
+        if not path.is_file():
+            return cls()
+        try:
+            cfg = json.loads(path.read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{path}: not JSON ({e})") from None
+        if not isinstance(cfg, dict):
+            raise ValueError(f"{path}: not a JSON object")
+        given = {k: cfg[k] for k in ("temperature", "top_k", "top_p", "max_new_tokens") if cfg.get(k) is not None}
+        try:
+            SamplingParams(**given)  # its checks name the key
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: {e}") from None
+        ignored = sorted(k for k, neutral in _UNSUPPORTED.items() if cfg.get(k) not in (None, neutral))
+        if ignored:
+            log.warning("%s sets %s, which this engine does not implement: generated without", path,
+                        ", ".join(ignored))
+        return cls(**given)
+
+    def pick(self, name: str, given, fallback):
+        """`given` (what the request or command line set) if not None, else the file's, else `fallback`."""
+        if given is not None:
+            return given
+        mine = getattr(self, name)
+        return fallback if mine is None else mine
 
 
 def request_seed(params: SamplingParams) -> int:

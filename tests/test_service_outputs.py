@@ -10,6 +10,7 @@ import random
 import pytest
 
 from g4rt.models.tiny import ensure_tiny
+from g4rt.runtime.sampling import GenerationDefaults
 from g4rt.runtime.service import prepare
 from g4rt.runtime.service.chat import ChatTemplate
 from g4rt.runtime.service.metrics import Metrics
@@ -160,26 +161,31 @@ def test_tool_choice_error_names_what_is_accepted(ctx, choice, ok):
 
 
 def test_sampling_a_request_leaves_out_comes_from_the_models_generation_config(tmp_path, ctx, caplog):
-    """prepare.Defaults: without a generation_config.json a request gets the OpenAI API's settings; with one, the
-    temperature / top_k / top_p it sets wherever the request leaves them out (what the request sends wins, top_k 0
-    or -1 turning the model's top-k off); a bad value is refused naming the file and the key; a setting this
-    engine lacks is served without and logged."""
-    def params(body, defaults):
+    """GenerationDefaults: without a generation_config.json a request gets the OpenAI API's settings; with one, the
+    temperature / top_k / top_p / max_new_tokens it sets wherever the request leaves them out (what the request
+    sends wins, top_k 0 or -1 turning the model's top-k off; the model's length within what the prompt leaves of
+    max_model_len); a bad value is refused naming the file and the key; a setting this engine lacks is served
+    without and logged."""
+    def params(defaults, sent=None, prompt=(2, 5), kind="completion"):
         c = prepare.Context(ctx.model_name, ctx.max_model_len, ctx.tokenizer, ctx.template, defaults)
-        (_, p), = prepare.completion(json.dumps({"prompt": [2, 5], **body}).encode(), c).choices
-        return p.temperature, p.top_k, p.top_p
+        body = {"prompt": list(prompt)} if kind == "completion" else {"messages": [{"role": "user", "content": "hi"}]}
+        (_, p), = getattr(prepare, kind)(json.dumps({**body, **(sent or {})}).encode(), c).choices
+        return p.temperature, p.top_k, p.top_p, p.max_new_tokens
 
-    assert prepare.Defaults.from_dir(tmp_path) == prepare.Defaults()
-    assert params({}, prepare.Defaults()) == (1.0, 0, 1.0)
+    assert GenerationDefaults.from_dir(tmp_path) == GenerationDefaults()
+    assert params(GenerationDefaults()) == (1.0, 0, 1.0, 16)
     (tmp_path / "generation_config.json").write_text(json.dumps(
-        {"do_sample": True, "top_k": 64, "top_p": 0.95, "repetition_penalty": 1.1, "bos_token_id": 2}))
-    with caplog.at_level("WARNING", logger="g4rt.serve"):
-        gemma = prepare.Defaults.from_dir(tmp_path)
+        {"do_sample": True, "top_k": 64, "top_p": 0.95, "repetition_penalty": 1.1, "bos_token_id": 2,
+         "max_new_tokens": 40}))
+    with caplog.at_level("WARNING", logger="g4rt.sampling"):
+        gemma = GenerationDefaults.from_dir(tmp_path)
     assert "repetition_penalty" in caplog.text
-    assert params({}, gemma) == (1.0, 64, 0.95)
-    assert params({"temperature": 0.5, "top_p": 0.5}, gemma) == (0.5, 64, 0.5)
-    assert params({"top_k": 0}, gemma) == params({"top_k": -1}, gemma) == (1.0, 0, 0.95)
-    for bad, key in (({"top_p": 1.5}, "top_p"), ({"top_k": 6.5}, "top_k"), ({"temperature": -1}, "temperature")):
+    assert params(gemma) == (1.0, 64, 0.95, 40) and params(gemma, kind="chat")[3] == 40
+    assert params(gemma, prompt=[2] * (ctx.max_model_len - 3))[3] == 3  # within what the prompt leaves
+    assert params(gemma, {"temperature": 0.5, "top_p": 0.5, "max_tokens": 7}) == (0.5, 64, 0.5, 7)
+    assert params(gemma, {"top_k": 0})[:3] == params(gemma, {"top_k": -1})[:3] == (1.0, 0, 0.95)
+    for bad, key in (({"top_p": 1.5}, "top_p"), ({"top_k": 6.5}, "top_k"), ({"temperature": -1}, "temperature"),
+                     ({"max_new_tokens": 0}, "max_new_tokens")):
         (tmp_path / "generation_config.json").write_text(json.dumps(bad))
         with pytest.raises(ValueError, match=f"generation_config.json: {key}"):
-            prepare.Defaults.from_dir(tmp_path)
+            GenerationDefaults.from_dir(tmp_path)

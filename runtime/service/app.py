@@ -21,6 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ..sampling import GenerationDefaults
 from . import prepare
 from .chat import ChatTemplate
 from .client import EngineClient
@@ -48,7 +49,7 @@ class ServiceConfig:
     # completions with token-id prompts in bodies this small are prepared on the event loop (prepare.cheap)
     inline_prepare_bytes: int = 8192
     # sampling settings a request leaves out come from the model directory's generation_config.json (as vLLM's
-    # default `--generation-config auto`); False: the OpenAI API's (prepare.Defaults)
+    # default `--generation-config auto`); False: the OpenAI API's (sampling.GenerationDefaults)
     generation_config: bool = True
 
     def __post_init__(self):
@@ -71,7 +72,7 @@ class Service:
     WARM_ROUNDS = 3  # of each warm-up request (warm_up)
 
     def __init__(self, engine: EngineSpec, config: ServiceConfig = ServiceConfig(), tokenizer: Tokenizer | None = None,
-                 template: ChatTemplate | None = None, defaults: prepare.Defaults = prepare.Defaults()):
+                 template: ChatTemplate | None = None, defaults: GenerationDefaults = GenerationDefaults()):
         self.config = config
         self.metrics = Metrics()
         self.outputs = Outputs(tokenizer, self.metrics, lambda cids: self.engine.cancel(cids))
@@ -89,7 +90,7 @@ class Service:
         """Tokenizer, chat template and (`config.generation_config`) sampling defaults from a model or engine
         directory (any may be absent); ValueError for a generation_config.json it cannot use, before the
         engine process starts."""
-        defaults = prepare.Defaults.from_dir(model_dir) if config.generation_config else prepare.Defaults()
+        defaults = GenerationDefaults.from_dir(model_dir) if config.generation_config else GenerationDefaults()
         return cls(engine, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir), defaults)
 
     def close(self) -> None:

@@ -6,55 +6,13 @@ by max_model_len x the longest token's bytes (and the body limit), not by what a
 """
 from __future__ import annotations
 
-import json
-import logging
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from ..sampling import SamplingParams
+from ..sampling import GenerationDefaults, SamplingParams
 from .chat import ChatTemplate
 from .protocol import APIError, ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest, parse
 from .text import Tokenizer
-
-
-GENERATION_CONFIG = "generation_config.json"
-# generation_config.json keys that change the distribution but that this engine does not implement: a model that
-# sets one is served without it, and the start says so (a request that sends one is refused, protocol._only)
-_UNSUPPORTED = {"repetition_penalty": 1.0, "min_p": 0.0, "typical_p": 1.0, "epsilon_cutoff": 0.0, "eta_cutoff": 0.0}
-log = logging.getLogger("g4rt.serve")
-
-
-@dataclass(frozen=True)
-class Defaults:
-    """The sampling settings of a request that leaves them out: the OpenAI API's (temperature 1, no top-k,
-    top-p 1), or with `from_dir` the model's own from its generation_config.json, as `vllm serve` applies
-    them (its default `--generation-config auto`): temperature, top_k and top_p where the file sets them;
-    `do_sample` is not read (a request that sends temperature 0 is greedy)."""
-
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    @classmethod
-    def from_dir(cls, model_dir) -> "Defaults":
-        """The file's settings over the API's; ValueError naming the file and the key for a bad one."""
-        path = Path(model_dir) / GENERATION_CONFIG
-        if not path.is_file():
-            return cls()
-        try:
-            cfg = json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e})") from None
-        given = {k: cfg[k] for k in ("temperature", "top_k", "top_p") if cfg.get(k) is not None}
-        try:
-            SamplingParams(**given)  # its checks name the key
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"{path}: {e}") from None
-        ignored = sorted(k for k, neutral in _UNSUPPORTED.items() if cfg.get(k) not in (None, neutral))
-        if ignored:
-            log.warning("%s sets %s, which this engine does not implement: served without", path, ", ".join(ignored))
-        return cls(**given)
 
 
 @dataclass(frozen=True)
@@ -65,7 +23,7 @@ class Context:
     max_model_len: int
     tokenizer: Tokenizer | None
     template: ChatTemplate | None
-    defaults: Defaults = field(default_factory=Defaults)
+    defaults: GenerationDefaults = field(default_factory=GenerationDefaults)  # what a request leaves out
 
 
 @dataclass
@@ -119,33 +77,36 @@ def _tokenize(ctx: Context, texts: list[str], add_special_tokens: bool, param: s
     return tok.encode(texts, add_special_tokens)
 
 
-def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int, param: str) -> SamplingParams:
-    """A choice's SamplingParams; `max_new` None: what is left of max_model_len after the prompt.
-    A prompt that leaves no room for one token is refused naming the prompt's field (`param`), not
-    max_tokens, which the client may not have sent."""
+def _params(req, prompt_len: int, max_new: int | None, ctx: Context, i: int, param: str,
+            unset: int | None = None) -> SamplingParams:
+    """A choice's SamplingParams; `max_new` None (the request sent no max_tokens): the model's
+    max_new_tokens (generation_config.json) within what is left of max_model_len after the prompt, else
+    `unset`, else what is left. A prompt that leaves no room for one token is refused naming the prompt's
+    field (`param`), not max_tokens, which the client may not have sent."""
     if prompt_len >= ctx.max_model_len:
         raise APIError(400, f"{param} is {prompt_len} tokens, which leaves no room for output within "
                             f"max_model_len {ctx.max_model_len} tokens", param, "context_length_exceeded")
+    d, room = ctx.defaults, ctx.max_model_len - prompt_len
     if max_new is None:
-        max_new = ctx.max_model_len - prompt_len
+        max_new = min(d.max_new_tokens, room) if d.max_new_tokens is not None else unset or room
     if prompt_len + max_new > ctx.max_model_len:
         raise APIError(400, f"prompt ({prompt_len} tokens) + max_tokens ({max_new}) = {prompt_len + max_new} "
                             f"exceeds max_model_len {ctx.max_model_len}", "max_tokens", "context_length_exceeded")
-    d = ctx.defaults
-    try:
+    try:  # left out: the model's setting, else the OpenAI API's (temperature 1, no top-k, top_p 1)
         return SamplingParams(
-            max_new_tokens=max_new, temperature=d.temperature if req.temperature is None else req.temperature,
-            top_k=d.top_k if req.top_k is None else max(0, req.top_k),
-            top_p=d.top_p if req.top_p is None else req.top_p,
+            max_new_tokens=max_new, temperature=d.pick("temperature", req.temperature, 1.0),
+            top_k=d.pick("top_k", None if req.top_k is None else max(0, req.top_k), 0),
+            top_p=d.pick("top_p", req.top_p, 1.0),
             seed=None if req.seed is None else req.seed + i, stop_token_ids=tuple(req.stop_token_ids or ()),
             ignore_eos=req.ignore_eos)
     except ValueError as e:
         raise APIError(400, str(e)) from None
 
 
-def _spec(kind: str, req, prompts: list[list[int]], texts: list, max_new, ctx: Context, logprobs) -> Spec:
+def _spec(kind: str, req, prompts: list[list[int]], texts: list, max_new, ctx: Context, logprobs,
+          unset: int | None = None) -> Spec:
     param = "messages" if kind == "chat" else "prompt"
-    choices = [(p, _params(req, len(prompts[p]), max_new, ctx, j, param))
+    choices = [(p, _params(req, len(prompts[p]), max_new, ctx, j, param, unset))
                for p in range(len(prompts)) for j in range(req.n)]
     return Spec(kind, prompts, texts, choices, stream=req.stream, include_usage=req.include_usage, stops=req.stops,
                 include_stop=req.include_stop_str_in_output, logprobs=logprobs,
@@ -166,7 +127,7 @@ def completion(body: bytes, ctx: Context) -> Spec:
         raise APIError(400, "echo and stop strings need a tokenizer", "stop" if req.stops else "echo")
     if req.echo:  # token-id prompts echo as their text
         texts = [t if t is not None else ctx.tokenizer.decode(p, req.skip_special_tokens) for t, p in zip(texts, prompts)]
-    spec = _spec("completion", req, prompts, texts, req.max_tokens or 16, ctx, req.logprobs)
+    spec = _spec("completion", req, prompts, texts, req.max_tokens, ctx, req.logprobs, unset=16)  # the API's 16
     spec.echo = req.echo
     return spec
 
