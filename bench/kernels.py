@@ -482,7 +482,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
             logits = torch.randn(rows, vocab, device="cuda", generator=g) * 4
             settings = SamplingRows([t] * rows, [k] * rows, [p] * rows, [1000 + i for i in range(rows)], [3] * rows)
             pack = settings.pack.cuda()
-            hints = dict(nucleus=settings.nucleus)  # as BatchSampler passes them, so no launch runs idle
+            hints = dict(nucleus=settings.nucleus, top_k=settings.top_k)  # as BatchSampler passes them
             out = torch.full((rows,), -7, dtype=torch.int64, device="cuda")
             new = ts.sample(logits, pack, out=out)
             want = reference.sample_ref(logits, pack)

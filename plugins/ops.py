@@ -8,7 +8,7 @@
                                        v_offset, page_size, num_kv_heads, window_left, scale, kernels) -> out
                                        (kv_write_ then paged_attention: a decode step's in one launch)
     torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels) -> out           (the chosen experts' weighted sum)
-    torch.ops.g4rt.sample(logits, rows, nucleus, kernels) -> token ids     (greedy / temperature / top-k / top-p)
+    torch.ops.g4rt.sample(logits, rows, nucleus, top_k, kernels) -> token ids   (greedy / temperature / top-k / top-p)
 
 `kernels` picks the implementation: "triton" (plugins/triton_*.py; on CPU only under the Triton
 interpreter, TRITON_INTERPRET=1) or "reference" (plugins/reference.py, any device). It is an argument
@@ -152,14 +152,14 @@ def _(x, idx, w, gate_up, down, kernels):
 
 
 @torch.library.custom_op("g4rt::sample", mutates_args=())
-def _sample_op(logits: torch.Tensor, rows: torch.Tensor, nucleus: bool, kernels: str) -> torch.Tensor:
+def _sample_op(logits: torch.Tensor, rows: torch.Tensor, nucleus: bool, top_k: bool, kernels: str) -> torch.Tensor:
     if check_kernels(kernels) == "triton":
-        return _triton("triton_sampling").sample(logits, rows, nucleus=nucleus)
+        return _triton("triton_sampling").sample(logits, rows, nucleus=nucleus, top_k=top_k)
     return reference.sample_ref(logits, rows)
 
 
 @_sample_op.register_fake
-def _(logits, rows, nucleus, kernels):
+def _(logits, rows, nucleus, top_k, kernels):
     return logits.new_empty(logits.shape[0], dtype=torch.int64)
 
 
@@ -193,8 +193,9 @@ def moe(x, idx, w, gate_up, down, kernels: str | None = None) -> torch.Tensor:
     return torch.ops.g4rt.moe(x, idx, w, gate_up, down, kernels or default_kernels(x.device))
 
 
-def sample(logits, rows, *, nucleus: bool = True, kernels: str | None = None) -> torch.Tensor:
+def sample(logits, rows, *, nucleus: bool = True, top_k: bool = True, kernels: str | None = None) -> torch.Tensor:
     """One token id per logits row, int64 [R] on the logits' device (plugins/README.md `sample`); `rows`
     int64 [5, R] holds each row's temperature, top_p (float64 bits), top_k, seed and draw counter;
-    `nucleus` False says no row has top_p < 1 (a speed hint: the ids are the same either way)."""
-    return torch.ops.g4rt.sample(logits, rows, bool(nucleus), kernels or default_kernels(logits.device))
+    `nucleus` False says no row has top_p < 1, `top_k` False no row top_k > 0 (speed hints: the ids are the
+    same either way)."""
+    return torch.ops.g4rt.sample(logits, rows, bool(nucleus), bool(top_k), kernels or default_kernels(logits.device))

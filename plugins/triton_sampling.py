@@ -8,8 +8,9 @@ few passes over the logits, no noise tensor, no sort.
   its noise made in registers from Philox (`tl.randint4x`, key = the request's seed, counter = (id // 4,
   draw counter)), so a token depends on its own row, seed and counter only; rows without top-k or
   top-p are done;
-* top-k: the k-th smallest cut key by an 8-way search over the 24-bit keys (counts are integers, so
-  the cut is exact): at most 8 passes, then one race over the kept entries;
+* top-k: the k-th smallest cut key by a radix select over the 24-bit keys, a digit a pass (`DIGITS`
+  passes, each a histogram of the keys whose higher digits are the cut's so far; counts are integers,
+  so the cut is exact), then one race over the kept entries;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -19,11 +20,12 @@ few passes over the logits, no noise tensor, no sort.
   most about 1 / top_p rounds on average (1.1 at top_p 0.9).
 
 Every pass keeps its state per lane (running maxima, race winners, masses, counts) and reduces once at
-its end. With few rows (`first_pass_splits`) the first pass and the first `SPLIT_ROUNDS` top-p rounds
-of rows without top-k run over chunks of the row in one program each (`_first_pass_kernel`,
-`_round_kernel`); the row's program combines them (maxima, sums, the earliest chunk among equal race
-values, so the token is the same however the row is cut) and goes on alone: the top-k search, and
-top-p rounds past those. Launches read shapes only (no `.item()`), so they can be captured in a CUDA
+its end. With few rows (`first_pass_splits`) the first pass, the top-k cut's passes and its race, and
+the first `SPLIT_ROUNDS` top-p rounds run over chunks of the row in one program each
+(`_first_pass_kernel`, `_cut_kernel`, `_round_kernel`); each program and the row's program after them
+combine the chunks' results (maxima, histograms, sums, the earliest chunk among equal race values, so
+the token is the same however the row is cut), and the row's program runs any top-p rounds past those
+alone. Launches read shapes only (no `.item()`), so they can be captured in a CUDA
 graph.
 """
 
@@ -40,6 +42,10 @@ from .launch import sm_count
 SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))
 KEY_MAX = tl.constexpr(SAMPLE_KEY_MAX)
 SCALE_MASS = tl.constexpr(float(SAMPLE_MASS_SCALE))
+DIGIT_BITS = tl.constexpr(6)  # the top-k cut's radix: a pass a digit of this many bits of the 24-bit keys
+DIGITS = tl.constexpr(4)
+BINS = tl.constexpr(1 << DIGIT_BITS.value)
+assert SAMPLE_KEY_MAX == (1 << DIGIT_BITS.value * DIGITS.value) - 1
 
 
 @triton.jit
@@ -106,30 +112,33 @@ def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_boun
 
 
 @triton.jit
-def _kth_key(row_ptr, V, inv_t, top, hi, k, BLOCK: tl.constexpr, NB: tl.constexpr):
-    """The k-th smallest cut key of the row (keys <= hi, all of them), by an NB-way search: each pass
-    counts the keys at or below NB bounds spread over [lo, hi] and keeps the part holding the k-th."""
-    lo = 0
-    lanes = tl.arange(0, NB)
-    while lo < hi:
-        step = (hi - lo) // NB + 1
-        bounds = tl.minimum(lo + (lanes + 1) * step - 1, hi)
-        counts = tl.zeros([NB, BLOCK], tl.int32)
-        for base in range(0, V, BLOCK):
-            idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
-            key, _ = _keys(s, ok, top)
-            counts += (key[None, :] <= bounds[:, None]).to(tl.int32)
-        first = tl.min(tl.where(tl.sum(counts, 1) >= k, lanes, NB), 0)
-        new_lo = tl.where(first == 0, lo, tl.sum(tl.where(lanes == first - 1, bounds, 0), 0) + 1)
-        hi = tl.sum(tl.where(lanes == first, bounds, 0), 0)
-        lo = new_lo
-    return lo
+def _digit_counts(row_ptr, lo, hi, inv_t, top, prefix, LEVEL: tl.constexpr, BLOCK: tl.constexpr):
+    """Over ids lo .. hi-1, the histogram of digit LEVEL (0 the highest) of the cut keys whose higher
+    digits are `prefix`. Past the vocabulary a key's highest bits are above any prefix's. (Fewer, wider
+    digits trade passes for work: a warp's histogram costs a vote a bit and a count a bin.)"""
+    shift: tl.constexpr = DIGIT_BITS * (DIGITS - 1 - LEVEL)
+    counts = tl.zeros([BINS], tl.int32)
+    for base in range(lo, hi, BLOCK):
+        idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
+        key, _ = _keys(s, ok, top)
+        counts += tl.histogram((key >> shift) & (BINS - 1), BINS, mask=(key >> (shift + DIGIT_BITS)) == prefix)
+    return counts
+
+
+@triton.jit
+def _pick_digit(counts, prefix, k_left):
+    """The digit whose bin holds the k_left-th smallest key of `counts`: (prefix extended by it, the rank
+    of that key within the bin)."""
+    cum = tl.cumsum(counts, 0)
+    below = cum < k_left
+    return prefix * BINS + tl.sum(below.to(tl.int32), 0), k_left - tl.sum(tl.where(below, counts, 0), 0)
 
 
 @triton.jit
 def _row_settings(rows_ptr, R, r, V):
     """(temperature, top_p, top_k, seed, counter, fp32 scale of the logits, race over every entry in the
-    first pass, noise in that race) of row r: greedy rows race their plain logits."""
+    first pass, noise in that race) of row r: greedy rows race their plain logits; a row without the race
+    (sampled, 0 < top_k < V) is a top-k row."""
     temp = tl.load(rows_ptr + r).to(tl.float64, bitcast=True)
     top_p = tl.load(rows_ptr + R + r).to(tl.float64, bitcast=True)
     top_k = tl.load(rows_ptr + 2 * R + r)
@@ -143,42 +152,38 @@ def _row_settings(rows_ptr, R, r, V):
 
 @triton.jit
 def _first_pass(row_ptr, lo, hi, inv_t, seed, counter, race_all, noisy, BLOCK: tl.constexpr):
-    """Over ids lo .. hi-1: the top and bottom score and, when `race_all`, the race winner (with noise
-    when `noisy`, else the plain argmax) and its value."""
+    """Over ids lo .. hi-1: the top score and, when `race_all`, the race winner (with noise when `noisy`,
+    else the plain argmax) and its value."""
     top = tl.full([BLOCK], float("-inf"), tl.float32)
-    bottom = tl.full([BLOCK], float("inf"), tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     win = tl.zeros([BLOCK], tl.int32)
     for base in range(lo, hi, BLOCK):
         idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
         top = tl.maximum(top, s)
-        bottom = tl.minimum(bottom, tl.where(ok, s, float("inf")))
         if race_all:
             z = s
             if noisy:
                 z = s + _gumbel(seed, counter, base, BLOCK)
             best, win = _lane_race(z, idx, best, win)
     value, w = _race_result(best, win)
-    return tl.max(top, 0), tl.min(bottom, 0), value, w
+    return tl.max(top, 0), value, w
 
 
 @triton.jit
 def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, R, V, stride_x, CHUNK, S,
                        BLOCK: tl.constexpr):
     """The first pass of row program_id(0) over its chunk program_id(1), for rows of few programs:
-    part[0 | 1 | 2][r, c] = top, bottom, race value; wins[0][r, c] = race winner."""
+    part[0 | 1][r, c] = top, race value; wins[0][r, c] = race winner."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
     lo = c * CHUNK
-    top, bottom, best, win = _first_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, seed, counter,
-                                         race_all, noisy, BLOCK)
+    top, best, win = _first_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, seed, counter, race_all, noisy,
+                                 BLOCK)
     at = r * S + c
-    RS = R * S
     tl.store(part_ptr + at, top)
-    tl.store(part_ptr + RS + at, bottom)
-    tl.store(part_ptr + 2 * RS + at, best)
+    tl.store(part_ptr + R * S + at, best)
     tl.store(wins_ptr + at, win)
 
 
@@ -204,9 +209,44 @@ def _chunk_max(ptr, r, S, SP: tl.constexpr):
 
 
 @triton.jit
-def _chunk_min(ptr, r, S, SP: tl.constexpr):
-    c = tl.arange(0, SP)
-    return tl.min(tl.load(ptr + r * S + c, mask=c < S, other=float("inf")), 0)
+def _split_cut(hist_ptr, r, S, RS, k, LEVELS: tl.constexpr):
+    """The top-k cut of row r after its first LEVELS digits, from its chunks' histograms (hist[level][r, c]):
+    (the key's digits so far, the rank of the k-th smallest key among the keys that share them)."""
+    prefix = tl.zeros([], tl.int32)
+    k_left = k.to(tl.int32)
+    for level in tl.static_range(LEVELS):
+        counts = tl.zeros([BINS], tl.int32)
+        for c in range(S):
+            counts += tl.load(hist_ptr + (level * RS + r * S + c) * BINS + tl.arange(0, BINS))
+        prefix, k_left = _pick_digit(counts, prefix, k_left)
+    return prefix, k_left
+
+
+@triton.jit
+def _cut_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, hist_ptr, R, V, stride_x, CHUNK, S,
+                LEVEL: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
+    """Pass LEVEL of the top-k cut of row program_id(0) over its chunk program_id(1), for top-k rows of few
+    programs: below DIGITS the histogram of the keys' digit LEVEL under the cut's digits so far
+    (hist[LEVEL][r, c]), at DIGITS the race over the entries the cut keeps (part[1][r, c], wins[0][r, c],
+    which the first pass leaves empty for a top-k row)."""
+    r = tl.program_id(0)
+    c = tl.program_id(1)
+    temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
+    if race_all == 0:
+        row_ptr = x_ptr + r.to(tl.int64) * stride_x
+        RS = R * S
+        top = _chunk_max(part_ptr, r, S, SP)
+        prefix, k_left = _split_cut(hist_ptr, r, S, RS, top_k, LEVEL)
+        lo = c * CHUNK
+        hi = tl.minimum(lo + CHUNK, V)
+        at = r * S + c
+        if LEVEL < DIGITS:
+            counts = _digit_counts(row_ptr, lo, hi, inv_t, top, prefix, LEVEL, BLOCK)
+            tl.store(hist_ptr + (LEVEL * RS + at) * BINS + tl.arange(0, BINS), counts)
+        else:
+            win, best, _, _ = _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, prefix + 1, prefix + 1, BLOCK)
+            tl.store(part_ptr + RS + at, best)
+            tl.store(wins_ptr + at, win)
 
 
 @triton.jit
@@ -220,7 +260,7 @@ def _key_of(row_ptr, win, inv_t, top, raced):
 def _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win, raced, active,
             SP: tl.constexpr, ROUNDS: tl.constexpr):
     """Row r's top-p rounds 0 .. ROUNDS-1 as the split programs ran them (round q tested the candidate
-    and raced the next one chunk by chunk: part[3 + q], wins[1 + q], mass[2q | 2q + 1]), for an
+    and raced the next one chunk by chunk: part[2 + q], wins[1 + q], mass[2q | 2q + 1]), for an
     `active` row: (candidate, the bound it was raced under, 1 if a round accepted it)."""
     done = tl.zeros([], tl.int32)
     for q in tl.static_range(ROUNDS):
@@ -229,7 +269,7 @@ def _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, 
         accept = likelier.to(tl.float64) < top_p * kept.to(tl.float64)
         live = active & (done == 0)
         key_win = _key_of(row_ptr, win, inv_t, top, raced)
-        nxt = _earliest_best(part_ptr + (3 + q) * RS, wins_ptr + (1 + q) * RS, r, S, SP)
+        nxt = _earliest_best(part_ptr + (2 + q) * RS, wins_ptr + (1 + q) * RS, r, S, SP)
         done = tl.where(live & accept, 1, done)
         win = tl.where(live & (accept == 0), nxt, win)
         raced = tl.where(live & (accept == 0), key_win, raced)
@@ -237,60 +277,76 @@ def _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, 
 
 
 @triton.jit
-def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x, CHUNK, S,
-                  ROUND: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
-    """Top-p round ROUND of row program_id(0) (no top-k) over its chunk program_id(1), for rows of few
-    programs: the rounds before it replayed from their chunks' results, then, if none accepted, this
-    round's race and masses over the chunk."""
+def _split_bound(hist_ptr, r, S, RS, top_k, race_all):
+    """The bound of row r's candidates (entries with a smaller key) once its split cut ran: every entry
+    for a row without top-k."""
+    bound = tl.full([], KEY_MAX + 1, tl.int32)
+    if race_all == 0:
+        prefix, _ = _split_cut(hist_ptr, r, S, RS, top_k, DIGITS)
+        bound = prefix + 1
+    return bound
+
+
+@triton.jit
+def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, hist_ptr, R, V, stride_x, CHUNK, S,
+                  ROUND: tl.constexpr, CUT: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
+    """Top-p round ROUND of row program_id(0) over its chunk program_id(1), for rows of few programs
+    (top-k rows too when the split cut ran, CUT): the rounds before it replayed from their chunks'
+    results, then, if none accepted, this round's race and masses over the chunk."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
-    active = (temp > 0) & race_all & (top_p < 1.0)
+    active = (temp > 0) & (race_all | CUT) & (top_p < 1.0)
     if active:
         row_ptr = x_ptr + r.to(tl.int64) * stride_x
         RS = R * S
         top = _chunk_max(part_ptr, r, S, SP)
-        win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
-        win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win,
-                                   tl.full([], KEY_MAX + 1, tl.int32), active, SP, ROUND)
+        bound = _split_bound(hist_ptr, r, S, RS, top_k, race_all)
+        win = _earliest_best(part_ptr + RS, wins_ptr, r, S, SP)
+        win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win, bound,
+                                   active, SP, ROUND)
         if done == 0:
             key_win = _key_of(row_ptr, win, inv_t, top, raced)
             lo = c * CHUNK
             nxt, best, likelier, kept = _race_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, top, seed,
-                                                   counter, key_win, KEY_MAX + 1, BLOCK)
+                                                   counter, key_win, bound, BLOCK)
             at = r * S + c
-            tl.store(part_ptr + (3 + ROUND) * RS + at, best)
+            tl.store(part_ptr + (2 + ROUND) * RS + at, best)
             tl.store(wins_ptr + (1 + ROUND) * RS + at, nxt)
             tl.store(mass_ptr + 2 * ROUND * RS + at, likelier)
             tl.store(mass_ptr + (2 * ROUND + 1) * RS + at, kept)
 
 
 @triton.jit
-def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V, stride_x, S,
-                   SPLIT: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr,
-                   NB: tl.constexpr):
+def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, hist_ptr, out_ptr, R, V, stride_x, S,
+                   SPLIT: tl.constexpr, CUT: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
+                   BLOCK: tl.constexpr):
     r = tl.program_id(0)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
     RS = R * S
-    if SPLIT:  # combine the chunks' first passes
+    if SPLIT:  # combine the chunks' first passes (and a top-k row's split race, when CUT)
         top = _chunk_max(part_ptr, r, S, SP)
-        bottom = _chunk_min(part_ptr + RS, r, S, SP)
-        win = _earliest_best(part_ptr + 2 * RS, wins_ptr, r, S, SP)
+        win = _earliest_best(part_ptr + RS, wins_ptr, r, S, SP)
     else:
-        top, bottom, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
+        top, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
     if temp > 0:
         bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
-        raced = bound  # the bound `win` was raced under: every later bound is strictly below it
         done = tl.zeros([], tl.int32)
-        if (top_k > 0) & (top_k < V):
-            hi = tl.minimum((top - bottom) * SCALE_KEY, KEY_MAX).to(tl.int32)
-            bound = _kth_key(row_ptr, V, inv_t, top, hi, top_k.to(tl.int32), BLOCK, NB) + 1
+        if CUT:
+            bound = _split_bound(hist_ptr, r, S, RS, top_k, race_all)
+        elif race_all == 0:
+            prefix = tl.zeros([], tl.int32)
+            k_left = top_k.to(tl.int32)
+            for level in tl.static_range(DIGITS):
+                counts = _digit_counts(row_ptr, 0, V, inv_t, top, prefix, level, BLOCK)
+                prefix, k_left = _pick_digit(counts, prefix, k_left)
+            bound = prefix + 1
             win, _, _, _ = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, bound, bound, BLOCK)
-            raced = bound
-        if SPLIT:  # the rounds the split programs ran (rows without top-k)
+        raced = bound  # the bound `win` was raced under: every later bound is strictly below it
+        if SPLIT:  # the rounds the split programs ran
             win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win,
-                                       raced, race_all & (top_p < 1.0), SP, ROUNDS)
+                                       raced, (race_all | CUT) & (top_p < 1.0), SP, ROUNDS)
         if top_p < 1.0:
             while done == 0:
                 key_win = _key_of(row_ptr, win, inv_t, top, raced)
@@ -302,8 +358,11 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, out_ptr, R, V,
     tl.store(out_ptr + r, win.to(tl.int64))
 
 
-SPLIT_ROUNDS = 2  # top-p rounds the split programs run; a row that needs more goes on in one program
-SEARCH_WAYS = 8  # the top-k search's bounds a pass (_kth_key's NB)
+# Top-p rounds the split programs run; a row that needs more goes on alone in its row's program, which is then the
+# step's slowest part (a round over the whole row in one program: 136-194 us of 64 rows' 0.35-0.41 ms at top_p 0.9
+# on an H100, where a row needs a third round with probability about 0.1^2). With 4, 64 rows of top-p 0.9 take
+# 0.26 ms against 0.35 with 2 (export/results, "The sampler's top-k cut by a radix select").
+SPLIT_ROUNDS = 4
 
 
 def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -> int:
@@ -315,11 +374,13 @@ def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -
 
 
 def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warps: int = 8,
-           out: torch.Tensor | None = None, splits: int | None = None, nucleus: bool = True) -> torch.Tensor:
+           out: torch.Tensor | None = None, splits: int | None = None, nucleus: bool = True,
+           top_k: bool = True) -> torch.Tensor:
     """Token ids int64 [R] for logits [R, V] and rows int64 [5, R] on its device; `out` (int64 [R]) to
     write them into (the bench poisons it first); `splits` overrides `first_pass_splits`. `nucleus`
-    False (the caller knows no row has top_p < 1) skips the split top-p rounds' launches, which would
-    find no row to work on; only speed depends on it (a row's program runs any rounds left).
+    False (the caller knows no row has top_p < 1) skips the split top-p rounds' launches and `top_k`
+    False (no row has top_k > 0) the split cut's, which would find no row to work on; only speed depends
+    on them (a row's program runs any cut or rounds left).
 
     The tile (2,048 ids, 8 warps) is the H200 sweep's fastest at 262,144 ids, with the same tokens as
     1,024: top-k 50 in 0.77 / 1.47 ms (1 / 256 rows) against 1.27 / 2.03, and faster or within 0.3 % in the
@@ -334,19 +395,25 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     splits = first_pass_splits(R, V, block, logits.device) if splits is None else splits
     chunk = triton.cdiv(triton.cdiv(V, splits), block) * block  # whole tiles, so ids stay 4-aligned per tile
     splits = triton.cdiv(V, chunk)
-    n = R * splits if splits > 1 else 1
-    rounds = SPLIT_ROUNDS if splits > 1 and nucleus else 0
-    part = torch.empty((3 + rounds) * n, dtype=torch.float32, device=logits.device)
+    split = splits > 1
+    n = R * splits if split else 1
+    rounds = SPLIT_ROUNDS if split and nucleus else 0
+    cut = split and top_k
+    part = torch.empty((2 + rounds) * n, dtype=torch.float32, device=logits.device)
     wins = torch.empty((1 + rounds) * n, dtype=torch.int32, device=logits.device)
     mass = torch.empty(max(2 * rounds * n, 1), dtype=torch.int64, device=logits.device)
+    hist = torch.empty(DIGITS * BINS * n if cut else 1, dtype=torch.int32, device=logits.device)
     # No fused multiply-adds: keys and race values round as the reference's separate ops do.
     opts = dict(num_warps=num_warps, enable_fp_fusion=False)
     sp = triton.next_power_of_2(splits)
     args = (R, V, logits.stride(0), chunk, splits)
-    if splits > 1:
+    if split:
         _first_pass_kernel[(R, splits)](logits, rows, part, wins, *args, BLOCK=block, **opts)
+        for level in range(DIGITS + 1) if cut else ():
+            _cut_kernel[(R, splits)](logits, rows, part, wins, hist, *args, LEVEL=level, SP=sp, BLOCK=block, **opts)
         for q in range(rounds):
-            _round_kernel[(R, splits)](logits, rows, part, wins, mass, *args, ROUND=q, SP=sp, BLOCK=block, **opts)
-    _sample_kernel[(R,)](logits, rows, part, wins, mass, out, R, V, logits.stride(0), splits, SPLIT=splits > 1,
-                         ROUNDS=rounds, SP=sp, BLOCK=block, NB=SEARCH_WAYS, **opts)
+            _round_kernel[(R, splits)](logits, rows, part, wins, mass, hist, *args, ROUND=q, CUT=cut, SP=sp,
+                                       BLOCK=block, **opts)
+    _sample_kernel[(R,)](logits, rows, part, wins, mass, hist, out, R, V, logits.stride(0), splits, SPLIT=split,
+                         CUT=cut, ROUNDS=rounds, SP=sp, BLOCK=block, **opts)
     return out

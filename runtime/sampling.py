@@ -143,7 +143,8 @@ class SamplingRows:
             buf += array("q", column)
         self.pack = torch.frombuffer(buf, dtype=torch.int64).view(5, -1) if buf else \
             torch.empty((5, 0), dtype=torch.int64)
-        self.nucleus = len(top_p) > 0 and min(top_p) < 1.0  # some row may cut by top-p (the op's hint)
+        self.nucleus = len(top_p) > 0 and min(top_p) < 1.0  # some row may cut by top-p (the op's hints)
+        self.top_k = len(top_k) > 0 and max(top_k) > 0  # ... or by top-k
 
     def __len__(self) -> int:
         return int(self.pack.shape[1])
@@ -162,4 +163,5 @@ class BatchSampler:
     def __call__(self, logits: torch.Tensor, rows: SamplingRows) -> torch.Tensor:
         if logits.dim() != 2 or logits.shape[0] != len(rows):
             raise ValueError(f"logits must be [rows, vocab] with {len(rows)} rows, got {tuple(logits.shape)}")
-        return sample(logits, to_device(rows.pack, logits.device), nucleus=rows.nucleus, kernels=self.kernels)
+        return sample(logits, to_device(rows.pack, logits.device), nucleus=rows.nucleus, top_k=rows.top_k,
+                      kernels=self.kernels)

@@ -118,16 +118,18 @@ def test_a_register_cap_reaches_ptxas(tmp_path):
 def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
     """`--sampler`: a JSON line for each kernel `sample()` launches, the split ones at --chunks chunks a row (SP the
     next power of two) and the row's kernel split and alone, each with its loops; the alone one also runs the first
-    pass, so it has a loop more than the split one."""
-    from g4rt.plugins.triton_sampling import SPLIT_ROUNDS
+    pass, the cut's digit passes and its race over the row, so it has that many long loops (over 100 instructions: a
+    tile's work) more than the split one."""
+    from g4rt.plugins.triton_sampling import DIGITS, SPLIT_ROUNDS
 
     r = run("--sampler", "--chunks", "5", "--ir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
-    assert [x["kernel"] for x in lines] == ["_first_pass_kernel", *["_round_kernel"] * SPLIT_ROUNDS, "_sample_kernel",
-                                            "_sample_kernel"]
+    assert [x["kernel"] for x in lines] == ["_first_pass_kernel", *["_cut_kernel"] * (DIGITS.value + 1),
+                                            *["_round_kernel"] * SPLIT_ROUNDS, "_sample_kernel", "_sample_kernel"]
     assert lines[1]["constexprs"]["SP"] == 8 and all(x["registers"] and x["loop_instructions"] for x in lines)
-    assert len(lines[-1]["loop_instructions"]) == len(lines[-2]["loop_instructions"]) + 1
+    long = [sum(n > 100 for n in x["loop_instructions"]) for x in lines[-2:]]
+    assert long[1] == long[0] + DIGITS.value + 2
     assert (tmp_path / f"sampler{len(lines) - 1}__sample_kernel.sass").exists()
     assert run("--sampler", "--chunks", "1").returncode == 2
 

@@ -82,15 +82,42 @@ def test_greedy_takes_the_first_of_tied_maxima(splits):
 
 
 def test_split_first_pass_changes_no_token():
-    """A row's first pass and top-p rounds cut over several programs (what few rows get) draw what one
-    program draws, and so does the split first pass without the split rounds (`nucleus` False), which
-    leaves the top-p rows' rounds to their row's program."""
+    """A row's first pass, top-k cut and top-p rounds cut over several programs (what few rows get) draw
+    what one program draws, and so do the split passes without the split rounds (`nucleus` False) or the
+    split cut (`top_k` False), which leave those rows' rounds or cut to their row's program."""
     x = logits_for(len(PARAMS), 600, 6)
     rows = pack(PARAMS)
     want = reference.sample_ref(x, rows)
     for splits in (1, 5):
         assert torch.equal(ts.sample(x, rows, block=64, splits=splits), want)
-    assert torch.equal(ts.sample(x, rows, block=64, splits=5, nucleus=False), want)
+    for nucleus, top_k in ((False, True), (True, False), (False, False)):
+        assert torch.equal(ts.sample(x, rows, block=64, splits=5, nucleus=nucleus, top_k=top_k), want)
+
+
+def test_rows_that_outlast_the_split_rounds_go_on_alone(monkeypatch):
+    """With one split top-p round, the rows that need more (here some need 2 and 3) finish in their row's program
+    from where the split round left them: the reference's tokens, top-k rows and rows without alike."""
+    monkeypatch.setattr(ts, "SPLIT_ROUNDS", 1)
+    x = logits_for(2, 300, 1)[0].expand(64, -1).contiguous()
+    params = [(t, k, p, seed, 2) for seed in range(32) for t, k, p in ((1.5, 0, 0.6), (0.9, 40, 0.8))]
+    rows = pack(params)
+    assert torch.equal(ts.sample(x, rows, block=64, splits=3), reference.sample_ref(x, rows))
+
+
+def test_the_cut_keeps_ties_and_the_whole_row():
+    """The radix cut on rows whose keys tie across the k-th (every kept tie may win), whose k-th key is the
+    saturated bottom one (2^24 - 1: scores 256 or more below the top), and whose k is all but one entry,
+    split and whole: the reference's tokens."""
+    x = torch.zeros(4, 500)
+    x[0, ::7] = 1.0  # 72 tied tops, k = 5 of them
+    x[1, :3] = 400.0  # three far above the rest: the k-th (k = 10) key saturates
+    x[2] = torch.arange(500.0) / 1000  # k = 499
+    x[3, 250:] = -1e-6  # two tied halves, k = 260
+    rows = pack([(1.0, 5, 1.0, 1, 0), (1.0, 10, 0.95, 2, 1), (1.3, 499, 1.0, 3, 2), (1.0, 260, 1.0, 4, 3)])
+    want = reference.sample_ref(x, rows)
+    for splits in (1, 3):
+        assert torch.equal(ts.sample(x, rows, block=64, splits=splits), want)
+    assert want[0].item() % 7 == 0 and want[1].item() < 3
 
 
 def test_op_dispatch():
@@ -98,7 +125,7 @@ def test_op_dispatch():
     x = logits_for(len(PARAMS), 200, 5)
     rows = pack(PARAMS)
     assert torch.equal(ops.sample(x, rows, kernels="triton"), ops.sample(x, rows, kernels="reference"))
-    torch.library.opcheck(torch.ops.g4rt.sample.default, (x, rows, True, "reference"),
+    torch.library.opcheck(torch.ops.g4rt.sample.default, (x, rows, True, True, "reference"),
                           test_utils=("test_schema", "test_faketensor"))
     with pytest.raises(ValueError, match="kernels"):
         ops.sample(x, rows, kernels="cuda")

@@ -129,6 +129,7 @@ def test_rows_pack_layout():
     assert pack[2:].tolist() == [[5, 0], [-3, 2 ** 62], [2, 7]]
     assert SamplingRows([], [], [], [], []).pack.shape == (5, 0)
     assert rows_of([(0.7, 5, 0.9, -3, 2)]).nucleus and not rows_of([(0.7, 5, 1.0, -3, 2)]).nucleus
+    assert rows_of([(0.7, 5, 0.9, -3, 2)]).top_k and not rows_of([(0.7, 0, 0.9, -3, 2)]).top_k
 
 
 def test_overlapped_loop_matches_one_step_at_a_time(report):

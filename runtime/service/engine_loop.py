@@ -45,17 +45,18 @@ def graph_bounds(llm: LLM) -> dict:
 
 def warm_sampler(llm: LLM) -> None:
     """Launch the sampler at every row count a step can have (1 .. max_num_seqs), rows without and with
-    top-p, so that none of its kernel variants compiles during serving: Triton compiles one per split
-    count (a constexpr that falls with the row count), per row count that is 1, a multiple of 16 or
-    neither, and with or without the top-p rounds. Only where the sampler runs Triton (CUDA)."""
+    top-k and top-p, so that none of its kernel variants compiles during serving: Triton compiles one per
+    split count (a constexpr that falls with the row count), per row count that is 1, a multiple of 16 or
+    neither, and with or without the split top-k cut and top-p rounds. Only where the sampler runs Triton
+    (CUDA)."""
     device = getattr(llm.engine, "device", None)
     if device is None or torch.device(device).type != "cuda":
         return
     rows = llm.scheduler.config.max_num_seqs
     logits = torch.randn(rows, llm.scheduler.geometry.layout.config.vocab_size, device=device)
     for r in range(1, rows + 1):
-        for top_p in (1.0, 0.9):
-            llm.sampler(logits[:r], SamplingRows([1.0] * r, [0] * r, [top_p] * r, [0] * r, [0] * r))
+        for top_k, top_p in ((0, 1.0), (0, 0.9), (64, 1.0), (64, 0.9)):
+            llm.sampler(logits[:r], SamplingRows([1.0] * r, [top_k] * r, [top_p] * r, [0] * r, [0] * r))
 
 
 def warm_up(llm: LLM) -> float:
