@@ -383,8 +383,8 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     on them (a row's program runs any cut or rounds left).
 
     The tile (2,048 ids, 8 warps) is the H200 sweep's fastest at 262,144 ids, with the same tokens as
-    1,024: top-k 50 in 0.77 / 1.47 ms (1 / 256 rows) against 1.27 / 2.03, and faster or within 0.3 % in the
-    other cases swept at 1 and 256 rows (export/results, "The sampler kernel")."""
+    1,024 (export/results, "The sampler kernel"; swept with the 8-way top-k search this file had before its
+    radix cut, whose times are in "The sampler's top-k cut by a radix select")."""
     R, V = logits.shape
     out = torch.empty(R, dtype=torch.int64, device=logits.device) if out is None else out
     if R == 0:

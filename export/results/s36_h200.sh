@@ -67,6 +67,16 @@
 #   (`next/radix-r4`), against both (git archive --prefix=ab/ARM/g4rt/ for r4 next/rounds4, radix next/radix,
 #   rr4 next/radix-r4); a machine's first process of a tree compiles from a cold cache, so give it room:
 #     ARMS="new r4 radix rr4 new r4 radix rr4 new r4 radix rr4" SAMPLER_CAP=60 bash export/results/s36_h200.sh sampler 570
+# Session 41 (one H100; export/results/README.md, "The sampler's top-k cut by a radix select") ran the sampler with
+# main's radix cut and 4 split rounds against main before it, and the batch-64 steps of main against 2714f6d (both
+# arenas) and with Gemma's sampling. The next calls:
+#   an H200 (needs_h200): main against 2714f6d at batch 64 and 128, both arenas (the issue's targets are the H200's):
+#     git archive --prefix=ab/pre40/g4rt/ 2714f6d | tar -x; git archive --prefix=ab/m/g4rt/ main | tar -x
+#     STEPS=64,128 ARMS="m/bf16 pre40/bf16 m/bf16 pre40/bf16 m/bf16 pre40/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
+#     the same with m/fp8 and pre40/fp8
+#   any card, with those archives: batch 64 with Gemma's sampling on main (4 split rounds; session 41 measured 2):
+#     STEPS=64 STEPS_ARGS="--decode-temperature 1 --decode-top-k 64 --decode-top-p 0.95" \
+#       ARMS="m/bf16 pre40/bf16 m/bf16 pre40/bf16 m/bf16 pre40/bf16" STEPS_CAP=80 bash export/results/s36_h200.sh steps 300
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
