@@ -169,6 +169,19 @@ def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels
 
 
 def _open_llm(args, cmd: str, source: Path, frames_for):
+    """`_build_llm`'s LLM, which with --generation-config auto also ends a sequence at the end-of-sequence ids of
+    the directory's generation_config.json (beside config.json's), as HF's generate and vLLM do."""
+    llm, name = _build_llm(args, cmd, source, frames_for)
+    if args.generation_config == "auto":
+        try:
+            extra = GenerationDefaults.from_dir(source).eos_token_ids
+        except ValueError as e:
+            raise SystemExit(f"{cmd}: --generation-config auto: {e}")
+        llm.eos_ids = tuple(dict.fromkeys(llm.eos_ids + extra))
+    return llm, name
+
+
+def _build_llm(args, cmd: str, source: Path, frames_for):
     """The LLM that `generate` and `serve` run: a built engine (--engine) or the eager paged engine
     (or, with --reference, the linear cache) on --model. `frames_for(geometry, config, device)` sizes
     the arena; a built engine's recorded max_frames caps it."""
@@ -459,8 +472,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                             "else 1)")
     g.add_argument("--generation-config", choices=["auto", "none"], default="auto",
                    help="'auto': the settings above that are not given come from the model or engine directory's "
-                        "generation_config.json where it sets them (as vLLM's LLM.generate); 'none': greedy, 16 "
-                        "tokens")
+                        "generation_config.json where it sets them, and its eos_token_id ends a sequence beside "
+                        "config.json's (as vLLM's LLM.generate); 'none': greedy, 16 tokens, config.json's end ids")
     g.add_argument("--seed", type=int, default=None, help="sampling seed; prompt i uses seed + i")
     g.add_argument("--reference", action="store_true", help="use the linear reference cache instead of pages")
     g.add_argument("--json", action="store_true", help="print one JSON object")
@@ -495,9 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds a client has to send its request body")
     v.add_argument("--generation-config", choices=["auto", "none"], default="auto",
                    help="where the sampling settings a request leaves out come from: 'auto' the model directory's "
-                        "generation_config.json (temperature, top_k, top_p, max_new_tokens as max_tokens; as "
-                        "vLLM), 'none' the OpenAI API's (temperature 1, top_p 1, no top-k; max_tokens 16 for "
-                        "completions, the rest of max_model_len for chat)")
+                        "generation_config.json (temperature, top_k, top_p, max_new_tokens as max_tokens; its "
+                        "eos_token_id ends a sequence beside config.json's; as vLLM), 'none' the OpenAI API's "
+                        "(temperature 1, top_p 1, no top-k; max_tokens 16 for completions, the rest of "
+                        "max_model_len for chat)")
     v.add_argument("--backlog", type=int, default=4096, help="listen backlog (>= 2048, for bursts of connections)")
     v.add_argument("--no-access-log", action="store_true", help="do not log one line per request")
     v.set_defaults(func=cmd_serve)

@@ -81,12 +81,14 @@ class GenerationDefaults:
     """The settings a request leaves out, from a model directory's generation_config.json as vLLM applies them
     by default (`--generation-config auto`): temperature, top_k, top_p and max_new_tokens where the file sets
     them, None where it does not (the caller's own default then: the OpenAI API's in the service, greedy and
-    16 tokens in `g4rt generate`). `do_sample` is not read: a request that asks for temperature 0 is greedy."""
+    16 tokens in `g4rt generate`), and its `eos_token_id`, which ends a sequence as config.json's do (HF's
+    generate and vLLM stop at both). `do_sample` is not read: a request that asks for temperature 0 is greedy."""
 
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     max_new_tokens: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
 
     @classmethod
     def from_dir(cls, model_dir) -> "GenerationDefaults":
@@ -105,11 +107,15 @@ class GenerationDefaults:
             SamplingParams(**given)  # its checks name the key
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
+        eos = cfg.get("eos_token_id")
+        eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
+            raise ValueError(f"{path}: eos_token_id must be a token id or a list of them, got {cfg['eos_token_id']!r}")
         ignored = sorted(k for k, neutral in _UNSUPPORTED.items() if cfg.get(k) not in (None, neutral))
         if ignored:
             log.warning("%s sets %s, which this engine does not implement: generated without", path,
                         ", ".join(ignored))
-        return cls(**given)
+        return cls(**given, eos_token_ids=eos)
 
     def pick(self, name: str, given, fallback):
         """`given` (what the request or command line set) if not None, else the file's, else `fallback`."""

@@ -122,7 +122,8 @@ def test_generate_json_paged_equals_reference(capsys, model_dir):
 def test_generate_takes_what_its_flags_leave_out_from_the_generation_config(capsys, model_dir, tmp_path):
     """`generate --generation-config auto` (the default): the model directory's generation_config.json supplies
     temperature / top_k / top_p / max_new_tokens the command line leaves out (the same tokens as those flags
-    given with `none`), a flag wins over the file, a bad file stops naming the flag, the file and the key."""
+    given with `none`), a flag wins over the file, its eos_token_id ends a sequence, a bad file stops naming the
+    flag, the file and the key."""
     d = tmp_path / "model"
     shutil.copytree(model_dir, d)
     (d / "generation_config.json").write_text(json.dumps({"temperature": 1.5, "top_k": 20, "max_new_tokens": 4}))
@@ -136,11 +137,17 @@ def test_generate_takes_what_its_flags_leave_out_from_the_generation_config(caps
     assert from_file == tokens("--generation-config", "none", "--temperature", "1.5", "--top-k", "20",
                                "--max-new-tokens", "4")
     assert tokens("--temperature", "0") == tokens("--generation-config", "none", "--max-new-tokens", "4")
-    assert all(len(t) <= 4 for t in from_file) and len(tokens("--generation-config", "none")[1]) > 4
-    (d / "generation_config.json").write_text(json.dumps({"top_k": -2}))
-    with pytest.raises(SystemExit) as stop:
-        main(["generate", "--model", str(d), *prompt])
-    assert "--generation-config auto" in str(stop.value) and "generation_config.json: top_k" in str(stop.value)
+    greedy = tokens("--generation-config", "none")
+    assert all(len(t) <= 4 for t in from_file) and len(greedy[1]) > 4
+    end = greedy[1][2]
+    (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [127, end]}))
+    ended = json.loads(run_cli(capsys, "generate", "--model", str(d), *prompt))["outputs"][1]
+    assert ended["token_ids"] == greedy[1][:greedy[1].index(end) + 1] and ended["finish_reason"] == "stop"
+    for bad, key in (({"top_k": -2}, "top_k"), ({"eos_token_id": "1"}, "eos_token_id")):
+        (d / "generation_config.json").write_text(json.dumps(bad))
+        with pytest.raises(SystemExit) as stop:
+            main(["generate", "--model", str(d), *prompt])
+        assert "--generation-config auto" in str(stop.value) and f"generation_config.json: {key}" in str(stop.value)
 
 
 def test_generate_with_a_one_byte_kv_arena(capsys, model_dir, tmp_path):
@@ -400,5 +407,5 @@ def test_serve_refuses_a_generation_config_it_cannot_use_before_starting_the_eng
     assert "--generation-config auto" in str(stop.value) and "generation_config.json: top_p" in str(stop.value)
     with pytest.raises(SystemExit):
         main(["serve", "--help"])
-    assert "generation_config.json (temperature, top_k, top_p, max_new_tokens as max_tokens; as vLLM)" in \
+    assert "generation_config.json (temperature, top_k, top_p, max_new_tokens as max_tokens; its eos_token_id" in \
         " ".join(capsys.readouterr().out.split())

@@ -184,6 +184,9 @@ def test_sampling_a_request_leaves_out_comes_from_the_models_generation_config(t
     assert params(gemma, prompt=[2] * (ctx.max_model_len - 3))[3] == 3  # within what the prompt leaves
     assert params(gemma, {"temperature": 0.5, "top_p": 0.5, "max_tokens": 7}) == (0.5, 64, 0.5, 7)
     assert params(gemma, {"top_k": 0})[:3] == params(gemma, {"top_k": -1})[:3] == (1.0, 0, 0.95)
+    assert gemma.eos_token_ids == ()
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 106]}))
+    assert GenerationDefaults.from_dir(tmp_path) == GenerationDefaults(eos_token_ids=(1, 106))
     for bad, key in (({"top_p": 1.5}, "top_p"), ({"top_k": 6.5}, "top_k"), ({"temperature": -1}, "temperature"),
                      ({"max_new_tokens": 0}, "max_new_tokens")):
         (tmp_path / "generation_config.json").write_text(json.dumps(bad))
