@@ -69,7 +69,8 @@
 #     ARMS="new r4 radix rr4 new r4 radix rr4 new r4 radix rr4" SAMPLER_CAP=60 bash export/results/s36_h200.sh sampler 570
 # Session 41 (one H100; export/results/README.md, "The sampler's top-k cut by a radix select") ran the sampler with
 # main's radix cut and 4 split rounds against main before it, and the batch-64 steps of main against 2714f6d (both
-# arenas) and with Gemma's sampling. The next calls:
+# arenas) and with Gemma's sampling. Only main survives between sessions (session 40's `next/*` branches were gone),
+# so an arm is a commit on main or is rebuilt from its description. The next calls:
 #   an H200 (needs_h200): main against 2714f6d at batch 64 and 128, both arenas (the issue's targets are the H200's):
 #     git archive --prefix=ab/pre40/g4rt/ 2714f6d | tar -x; git archive --prefix=ab/m/g4rt/ main | tar -x
 #     STEPS=64,128 ARMS="m/bf16 pre40/bf16 m/bf16 pre40/bf16 m/bf16 pre40/bf16" STEPS_CAP=90 bash export/results/s36_h200.sh steps 570
