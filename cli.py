@@ -263,7 +263,10 @@ def cmd_generate(args) -> int:
         raise SystemExit(f"generate: --generation-config auto: {e}")
     try:
         max_new = d.pick("max_new_tokens", args.max_new_tokens, 16)
-        params = [SamplingParams(max_new_tokens=max_new, temperature=d.pick("temperature", args.temperature, 0.0),
+        # as HF's generate: greedy unless the file's do_sample is true, then at its temperature (else 1)
+        temperature = args.temperature if args.temperature is not None else \
+            d.pick("temperature", None, 1.0) if d.do_sample else 0.0
+        params = [SamplingParams(max_new_tokens=max_new, temperature=temperature,
                                  top_k=d.pick("top_k", args.top_k, 0), top_p=d.pick("top_p", args.top_p, 1.0),
                                  seed=None if args.seed is None else args.seed + i)
                   for i in range(len(prompts))]
@@ -465,15 +468,17 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", action="append", help="a prompt as text (needs tokenizer.json; repeatable)")
     g.add_argument("--max-new-tokens", type=_positive("--max-new-tokens"), default=None,
                    help="tokens to generate at most (default: the model's, else 16)")
-    g.add_argument("--temperature", type=float, default=None, help="0 = greedy (default: the model's, else 0)")
+    g.add_argument("--temperature", type=float, default=None,
+                   help="0 = greedy (default: the model's when its generation_config.json samples, else 0)")
     g.add_argument("--top-k", type=int, default=None,
                    help="keep the k most likely tokens, 0 = off (default: the model's, else 0)")
     g.add_argument("--top-p", type=float, default=None, help="nucleus mass to keep, 1 = off (default: the model's, "
                                                             "else 1)")
     g.add_argument("--generation-config", choices=["auto", "none"], default="auto",
                    help="'auto': the settings above that are not given come from the model or engine directory's "
-                        "generation_config.json where it sets them, and its eos_token_id ends a sequence beside "
-                        "config.json's (as vLLM's LLM.generate); 'none': greedy, 16 tokens, config.json's end ids")
+                        "generation_config.json where it sets them (sampling only when its do_sample is true, as "
+                        "HF's generate), and its eos_token_id ends a sequence beside config.json's; 'none': "
+                        "greedy, 16 tokens, config.json's end ids")
     g.add_argument("--seed", type=int, default=None, help="sampling seed; prompt i uses seed + i")
     g.add_argument("--reference", action="store_true", help="use the linear reference cache instead of pages")
     g.add_argument("--json", action="store_true", help="print one JSON object")

@@ -82,13 +82,16 @@ class GenerationDefaults:
     by default (`--generation-config auto`): temperature, top_k, top_p and max_new_tokens where the file sets
     them, None where it does not (the caller's own default then: the OpenAI API's in the service, greedy and
     16 tokens in `g4rt generate`), and its `eos_token_id`, which ends a sequence as config.json's do (HF's
-    generate and vLLM stop at both). `do_sample` is not read: a request that asks for temperature 0 is greedy."""
+    generate and vLLM stop at both). `do_sample` is kept for `g4rt generate`, which like HF's generate is greedy
+    unless it is true; the service, like vLLM's, does not read it (a request that leaves out temperature samples
+    at the file's or the API's 1)."""
 
     temperature: float | None = None
     top_k: int | None = None
     top_p: float | None = None
     max_new_tokens: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    do_sample: bool | None = None
 
     @classmethod
     def from_dir(cls, model_dir) -> "GenerationDefaults":
@@ -107,6 +110,9 @@ class GenerationDefaults:
             SamplingParams(**given)  # its checks name the key
         except (TypeError, ValueError) as e:
             raise ValueError(f"{path}: {e}") from None
+        do_sample = cfg.get("do_sample")
+        if do_sample is not None and not isinstance(do_sample, bool):
+            raise ValueError(f"{path}: do_sample must be true or false, got {do_sample!r}")
         eos = cfg.get("eos_token_id")
         eos = () if eos is None else tuple(eos) if isinstance(eos, list) else (eos,)
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in eos):
@@ -115,7 +121,7 @@ class GenerationDefaults:
         if ignored:
             log.warning("%s sets %s, which this engine does not implement: generated without", path,
                         ", ".join(ignored))
-        return cls(**given, eos_token_ids=eos)
+        return cls(**given, eos_token_ids=eos, do_sample=do_sample)
 
     def pick(self, name: str, given, fallback):
         """`given` (what the request or command line set) if not None, else the file's, else `fallback`."""

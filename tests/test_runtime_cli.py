@@ -122,11 +122,12 @@ def test_generate_json_paged_equals_reference(capsys, model_dir):
 def test_generate_takes_what_its_flags_leave_out_from_the_generation_config(capsys, model_dir, tmp_path):
     """`generate --generation-config auto` (the default): the model directory's generation_config.json supplies
     temperature / top_k / top_p / max_new_tokens the command line leaves out (the same tokens as those flags
-    given with `none`), a flag wins over the file, its eos_token_id ends a sequence, a bad file stops naming the
-    flag, the file and the key."""
+    given with `none`; greedy without the file's do_sample, as HF's generate), a flag wins over the file, its
+    eos_token_id ends a sequence, a bad file stops naming the flag, the file and the key."""
     d = tmp_path / "model"
     shutil.copytree(model_dir, d)
-    (d / "generation_config.json").write_text(json.dumps({"temperature": 1.5, "top_k": 20, "max_new_tokens": 4}))
+    gen = {"temperature": 30.0, "top_k": 20, "max_new_tokens": 4}  # far from greedy
+    (d / "generation_config.json").write_text(json.dumps({**gen, "do_sample": True}))
     prompt = ["--token-ids", "2,15,7", "--token-ids", "2,40", "--seed", "5", "--json"]
 
     def tokens(*argv):
@@ -134,16 +135,19 @@ def test_generate_takes_what_its_flags_leave_out_from_the_generation_config(caps
                                                            *argv))["outputs"]]
 
     from_file = tokens()
-    assert from_file == tokens("--generation-config", "none", "--temperature", "1.5", "--top-k", "20",
+    assert from_file == tokens("--generation-config", "none", "--temperature", "30", "--top-k", "20",
                                "--max-new-tokens", "4")
     assert tokens("--temperature", "0") == tokens("--generation-config", "none", "--max-new-tokens", "4")
     greedy = tokens("--generation-config", "none")
+    (d / "generation_config.json").write_text(json.dumps(gen))
+    assert tokens() == tokens("--generation-config", "none", "--max-new-tokens", "4") != from_file
     assert all(len(t) <= 4 for t in from_file) and len(greedy[1]) > 4
     end = greedy[1][2]
     (d / "generation_config.json").write_text(json.dumps({"eos_token_id": [127, end]}))
     ended = json.loads(run_cli(capsys, "generate", "--model", str(d), *prompt))["outputs"][1]
     assert ended["token_ids"] == greedy[1][:greedy[1].index(end) + 1] and ended["finish_reason"] == "stop"
-    for bad, key in (({"top_k": -2}, "top_k"), ({"eos_token_id": "1"}, "eos_token_id")):
+    for bad, key in (({"top_k": -2}, "top_k"), ({"eos_token_id": "1"}, "eos_token_id"),
+                     ({"do_sample": 1}, "do_sample")):
         (d / "generation_config.json").write_text(json.dumps(bad))
         with pytest.raises(SystemExit) as stop:
             main(["generate", "--model", str(d), *prompt])
