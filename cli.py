@@ -168,16 +168,22 @@ def _open_parallel_llm(args, cmd: str, source: Path, frames_for, config, kernels
             f"{spec.backend} over {spec.tensor_parallel} ranks")
 
 
-def _open_llm(args, cmd: str, source: Path, frames_for):
-    """`_build_llm`'s LLM, which with --generation-config auto also ends a sequence at the end-of-sequence ids of
-    the directory's generation_config.json (beside config.json's), as HF's generate and vLLM do."""
+def _generation_defaults(args, cmd: str, source: Path) -> GenerationDefaults:
+    """--generation-config auto: the directory's generation_config.json, read once a command; a bad value stops
+    the command naming the flag, the file and the key (for `serve`, before the engine process starts)."""
+    if args.generation_config == "none":
+        return GenerationDefaults()
+    try:
+        return GenerationDefaults.from_dir(source)
+    except ValueError as e:
+        raise SystemExit(f"{cmd}: --generation-config auto: {e}")
+
+
+def _open_llm(args, cmd: str, source: Path, frames_for, eos_ids=()):
+    """`_build_llm`'s LLM, which also ends a sequence at `eos_ids` (generation_config.json's) beside
+    config.json's, as HF's generate and vLLM do."""
     llm, name = _build_llm(args, cmd, source, frames_for)
-    if args.generation_config == "auto":
-        try:
-            extra = GenerationDefaults.from_dir(source).eos_token_ids
-        except ValueError as e:
-            raise SystemExit(f"{cmd}: --generation-config auto: {e}")
-        llm.eos_ids = tuple(dict.fromkeys(llm.eos_ids + extra))
+    llm.eos_ids = tuple(dict.fromkeys(llm.eos_ids + tuple(eos_ids)))
     return llm, name
 
 
@@ -257,16 +263,13 @@ def cmd_generate(args) -> int:
         prompts.append(tok.encode(text).ids)
     if not prompts:
         raise SystemExit("generate: give at least one --token-ids or --prompt")
+    d = _generation_defaults(args, "generate", source)
+    max_new = d.pick("max_new_tokens", args.max_new_tokens, 16)
+    # as HF's generate: greedy unless the file's do_sample is true, then at its temperature (else 1)
+    default_temperature = d.pick("temperature", None, 1.0) if d.do_sample else 0.0
     try:
-        d = GenerationDefaults.from_dir(source) if args.generation_config == "auto" else GenerationDefaults()
-    except ValueError as e:
-        raise SystemExit(f"generate: --generation-config auto: {e}")
-    try:
-        max_new = d.pick("max_new_tokens", args.max_new_tokens, 16)
-        # as HF's generate: greedy unless the file's do_sample is true, then at its temperature (else 1)
-        temperature = args.temperature if args.temperature is not None else \
-            d.pick("temperature", None, 1.0) if d.do_sample else 0.0
-        params = [SamplingParams(max_new_tokens=max_new, temperature=temperature,
+        params = [SamplingParams(max_new_tokens=max_new,
+                                 temperature=default_temperature if args.temperature is None else args.temperature,
                                  top_k=d.pick("top_k", args.top_k, 0), top_p=d.pick("top_p", args.top_p, 1.0),
                                  seed=None if args.seed is None else args.seed + i)
                   for i in range(len(prompts))]
@@ -276,7 +279,7 @@ def cmd_generate(args) -> int:
     def frames_for(geometry, config, device) -> int:  # default: every request at once (their promises summed)
         return args.num_frames or sum(promise_for(geometry, len(p), max_new, config.chunk).frames for p in prompts)
 
-    llm, engine_name = _open_llm(args, "generate", source, frames_for)
+    llm, engine_name = _open_llm(args, "generate", source, frames_for, d.eos_token_ids)
     frames = llm.pool.num_frames
     t0 = time.perf_counter()
     try:
@@ -348,22 +351,22 @@ def cmd_serve(args) -> int:
         config = ServiceConfig(served_model_name=args.served_model_name or source.resolve().name,
                                max_queue=args.max_queue, api_key=args.api_key or os.environ.get("G4RT_API_KEY"),
                                allowed_origins=tuple(args.allowed_origins or ()), max_body_bytes=args.max_body_bytes,
-                               read_timeout_s=args.read_timeout, generation_config=args.generation_config == "auto")
+                               read_timeout_s=args.read_timeout)
     except ValueError as e:
         raise SystemExit(f"serve: {e}")
+    d = _generation_defaults(args, "serve", source)
     try:  # the LLM is built in the engine process (runtime/service/wire.py says why)
-        service = Service.from_dir(EngineSpec(functools.partial(_serve_llm, args, source)), source, config)
+        service = Service.from_dir(EngineSpec(functools.partial(_serve_llm, args, source, d.eos_token_ids)), source,
+                                   config, d)
     except EngineStartError as e:
         raise SystemExit(str(e))
-    except ValueError as e:  # a generation_config.json it cannot use
-        raise SystemExit(f"serve: --generation-config auto: {e}")
     try:
         server = Server(service, args.host, args.port, backlog=args.backlog, shutdown_timeout_s=args.shutdown_timeout,
                         access_log=not args.no_access_log)
     except (OSError, ValueError) as e:
         service.close()
         raise SystemExit(f"serve: {e}")
-    info, d = service.engine.info, service.ctx.defaults
+    info = service.engine.info
     length = f"up to {d.max_new_tokens} tokens" if d.max_new_tokens else "the API's max_tokens"
     print(f"g4rt serve: {info['engine']} as '{config.served_model_name}' on {server.url} ({info['num_frames']} KV "
           f"frames, max_num_seqs {info['max_num_seqs']}, max_model_len {service.ctx.max_model_len}; a request "
@@ -373,10 +376,10 @@ def cmd_serve(args) -> int:
     return server.run()
 
 
-def _serve_llm(args, source: Path):
+def _serve_llm(args, source: Path, eos_ids):
     """`serve`'s LLM, built in the engine process (a module-level function: it is pickled to get there)."""
-    return _open_llm(args, "serve", source,
-                     lambda geometry, config, device: _serve_frames(args, geometry, device))[0]
+    return _open_llm(args, "serve", source, lambda geometry, config, device: _serve_frames(args, geometry, device),
+                     eos_ids)[0]
 
 
 def cmd_bench_serve(args) -> int:

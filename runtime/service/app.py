@@ -48,9 +48,6 @@ class ServiceConfig:
     prepare_threads: int = 4
     # completions with token-id prompts in bodies this small are prepared on the event loop (prepare.cheap)
     inline_prepare_bytes: int = 8192
-    # sampling settings a request leaves out come from the model directory's generation_config.json (as vLLM's
-    # default `--generation-config auto`); False: the OpenAI API's (sampling.GenerationDefaults)
-    generation_config: bool = True
 
     def __post_init__(self):
         for name in ("max_queue", "max_body_bytes", "prepare_threads"):
@@ -86,11 +83,10 @@ class Service:
         self.created = now()
 
     @classmethod
-    def from_dir(cls, engine: EngineSpec, model_dir, config: ServiceConfig = ServiceConfig()) -> "Service":
-        """Tokenizer, chat template and (`config.generation_config`) sampling defaults from a model or engine
-        directory (any may be absent); ValueError for a generation_config.json it cannot use, before the
-        engine process starts."""
-        defaults = GenerationDefaults.from_dir(model_dir) if config.generation_config else GenerationDefaults()
+    def from_dir(cls, engine: EngineSpec, model_dir, config: ServiceConfig = ServiceConfig(),
+                 defaults: GenerationDefaults = GenerationDefaults()) -> "Service":
+        """Tokenizer and chat template from a model or engine directory (either may be absent); `defaults`: what
+        a request leaves out (the directory's generation_config.json as `g4rt serve` reads it, or none)."""
         return cls(engine, config, Tokenizer.from_dir(model_dir), ChatTemplate.from_dir(model_dir), defaults)
 
     def close(self) -> None:
