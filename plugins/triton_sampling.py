@@ -8,9 +8,15 @@ few passes over the logits, no noise tensor, no sort.
   its noise made in registers from Philox (`tl.randint4x`, key = the request's seed, counter = (id // 4,
   draw counter)), so a token depends on its own row, seed and counter only; rows without top-k or
   top-p are done;
-* top-k: the k-th smallest cut key by a radix select over the 24-bit keys, a digit a pass (`DIGITS`
-  passes, each a histogram of the keys whose higher digits are the cut's so far; counts are integers,
-  so the cut is exact), then one race over the kept entries;
+* top-k, by a pivot and one gathering pass: the first pass also keeps the maxima of groups of its lanes;
+  the k-th largest of those maxima over the whole row is a pivot at least k entries reach (each of those
+  groups holds one), so the entries at or above it hold the top k, and with the row's groups well above
+  k they are only a few more than k (`PIVOT_GROUPS`). One pass gathers them (`_gather_kernel`); the
+  row's program then finds the k-th smallest cut key among them by a radix select in registers (`DIGITS`
+  digits, a histogram each; counts are integers, so the cut is exact), races the kept ones and runs any
+  top-p rounds over them, all without reading the row again. A row whose gathered entries would not
+  fit `CANDIDATES` (k near the groups' count, or many keys tied at the pivot) runs the same select over
+  its whole row in its own program, a digit a pass, then the race and the rounds a pass each;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -20,13 +26,13 @@ few passes over the logits, no noise tensor, no sort.
   most about 1 / top_p rounds on average (1.1 at top_p 0.9).
 
 Every pass keeps its state per lane (running maxima, race winners, masses, counts) and reduces once at
-its end. With few rows (`first_pass_splits`) the first pass, the top-k cut's passes and its race, and
-the first `SPLIT_ROUNDS` top-p rounds run over chunks of the row in one program each
-(`_first_pass_kernel`, `_cut_kernel`, `_round_kernel`); each program and the row's program after them
-combine the chunks' results (maxima, histograms, sums, the earliest chunk among equal race values, so
-the token is the same however the row is cut), and the row's program runs any top-p rounds past those
-alone. Launches read shapes only (no `.item()`), so they can be captured in a CUDA
-graph.
+its end. With few rows (`first_pass_splits`) the first pass, the top-k gathering pass and the first
+`SPLIT_ROUNDS` top-p rounds of rows without top-k run over chunks of the row in one program each
+(`_first_pass_kernel`, `_gather_kernel`, `_round_kernel`); each program and the row's program after them
+combine the chunks' results (maxima, sums, the earliest chunk among equal race values, so the token is
+the same however the row is cut; the gathered entries' order does not matter), and the row's program
+runs any top-p rounds past those alone. Launches read shapes only (no `.item()`), so they can be
+captured in a CUDA graph.
 """
 
 from __future__ import annotations
@@ -42,10 +48,17 @@ from .launch import sm_count
 SCALE_KEY = tl.constexpr(float(SAMPLE_KEY_SCALE))
 KEY_MAX = tl.constexpr(SAMPLE_KEY_MAX)
 SCALE_MASS = tl.constexpr(float(SAMPLE_MASS_SCALE))
-DIGIT_BITS = tl.constexpr(6)  # the top-k cut's radix: a pass a digit of this many bits of the 24-bit keys
+DIGIT_BITS = tl.constexpr(6)  # the top-k cut's radix: a histogram a digit of this many bits of the 24-bit keys
 DIGITS = tl.constexpr(4)
 BINS = tl.constexpr(1 << DIGIT_BITS.value)
 assert SAMPLE_KEY_MAX == (1 << DIGIT_BITS.value * DIGITS.value) - 1
+# Group maxima a row's first pass keeps for the top-k pivot (over all its chunks), and the entries at or above the
+# pivot its row's program takes in registers. Drawn from N(0, 1), N(0, 4^2) and Gumbel logits over 262,144 ids, a
+# row's 2,048 group maxima gather at most 53 entries for k = 50, 82 for k = 64 and 2,586 for k = 256 unsplit
+# (in 20 draws of each; cut in 2-32 chunks of 1,024-64 groups each, 74 and 387 for k = 64 and 256): k up to about
+# 256 in 1,024 candidates, larger k by the row's own passes.
+PIVOT_GROUPS = 2048
+CANDIDATES = 1024
 
 
 @triton.jit
@@ -58,12 +71,24 @@ def _scores(row_ptr, base, V, inv_temp, BLOCK: tl.constexpr):
 
 
 @triton.jit
+def _to_gumbel(r):
+    return -tl.log(-tl.log(tl.uint_to_uniform_float(r)))
+
+
+@triton.jit
 def _gumbel(seed, counter, base, BLOCK: tl.constexpr):
     """Gumbel noise of ids base .. base + BLOCK - 1 (base a multiple of 4): reference.sample_noise_ref."""
     n = (base // 4 + tl.arange(0, BLOCK // 4)).to(tl.int64)
     r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) + n)
-    r = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK])
-    return -tl.log(-tl.log(tl.uint_to_uniform_float(r)))
+    return _to_gumbel(tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), [BLOCK]))
+
+
+@triton.jit
+def _gumbel_at(seed, counter, idx):
+    """Gumbel noise of any ids `idx`: the Philox word id % 4 of counter id // 4, as `_gumbel` lays them out."""
+    r0, r1, r2, r3 = tl.randint4x(seed, (counter << 32) + (idx // 4).to(tl.int64))
+    j = idx % 4
+    return _to_gumbel(tl.where(j == 0, r0, tl.where(j == 1, r1, tl.where(j == 2, r2, r3))))
 
 
 @triton.jit
@@ -112,17 +137,12 @@ def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_boun
 
 
 @triton.jit
-def _digit_counts(row_ptr, lo, hi, inv_t, top, prefix, LEVEL: tl.constexpr, BLOCK: tl.constexpr):
-    """Over ids lo .. hi-1, the histogram of digit LEVEL (0 the highest) of the cut keys whose higher
-    digits are `prefix`. Past the vocabulary a key's highest bits are above any prefix's. (Fewer, wider
-    digits trade passes for work: a warp's histogram costs a vote a bit and a count a bin.)"""
+def _digit_histogram(key, prefix, LEVEL: tl.constexpr):
+    """The histogram of digit LEVEL (0 the highest) of the cut keys `key` whose higher digits are `prefix`.
+    A key past the vocabulary (KEY_MAX + 1) has highest bits above any prefix's. (Fewer, wider digits trade
+    histograms for work: a warp's histogram costs a vote a bit and a count a bin.)"""
     shift: tl.constexpr = DIGIT_BITS * (DIGITS - 1 - LEVEL)
-    counts = tl.zeros([BINS], tl.int32)
-    for base in range(lo, hi, BLOCK):
-        idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
-        key, _ = _keys(s, ok, top)
-        counts += tl.histogram((key >> shift) & (BINS - 1), BINS, mask=(key >> (shift + DIGIT_BITS)) == prefix)
-    return counts
+    return tl.histogram((key >> shift) & (BINS - 1), BINS, mask=(key >> (shift + DIGIT_BITS)) == prefix)
 
 
 @triton.jit
@@ -132,6 +152,31 @@ def _pick_digit(counts, prefix, k_left):
     cum = tl.cumsum(counts, 0)
     below = cum < k_left
     return prefix * BINS + tl.sum(below.to(tl.int32), 0), k_left - tl.sum(tl.where(below, counts, 0), 0)
+
+
+@triton.jit
+def _kth_key(key, k):
+    """The k-th smallest of the cut keys `key` (a tensor in registers; 1 <= k <= their count)."""
+    prefix = tl.zeros([], tl.int32)
+    k_left = k.to(tl.int32)
+    for level in tl.static_range(DIGITS):
+        prefix, k_left = _pick_digit(_digit_histogram(key, prefix, level), prefix, k_left)
+    return prefix
+
+
+@triton.jit
+def _row_kth_key(row_ptr, V, inv_t, top, k, BLOCK: tl.constexpr):
+    """The k-th smallest cut key of a whole row, read from memory: a pass a digit."""
+    prefix = tl.zeros([], tl.int32)
+    k_left = k.to(tl.int32)
+    for level in tl.static_range(DIGITS):
+        counts = tl.zeros([BINS], tl.int32)
+        for base in range(0, V, BLOCK):
+            idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
+            key, _ = _keys(s, ok, top)
+            counts += _digit_histogram(key, prefix, level)
+        prefix, k_left = _pick_digit(counts, prefix, k_left)
+    return prefix
 
 
 @triton.jit
@@ -152,8 +197,8 @@ def _row_settings(rows_ptr, R, r, V):
 
 @triton.jit
 def _first_pass(row_ptr, lo, hi, inv_t, seed, counter, race_all, noisy, BLOCK: tl.constexpr):
-    """Over ids lo .. hi-1: the top score and, when `race_all`, the race winner (with noise when `noisy`,
-    else the plain argmax) and its value."""
+    """Over ids lo .. hi-1: each lane's top score and, when `race_all`, the race winner (with noise when
+    `noisy`, else the plain argmax) and its value."""
     top = tl.full([BLOCK], float("-inf"), tl.float32)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     win = tl.zeros([BLOCK], tl.int32)
@@ -166,14 +211,15 @@ def _first_pass(row_ptr, lo, hi, inv_t, seed, counter, race_all, noisy, BLOCK: t
                 z = s + _gumbel(seed, counter, base, BLOCK)
             best, win = _lane_race(z, idx, best, win)
     value, w = _race_result(best, win)
-    return tl.max(top, 0), value, w
+    return top, value, w
 
 
 @triton.jit
-def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, R, V, stride_x, CHUNK, S,
-                       BLOCK: tl.constexpr):
-    """The first pass of row program_id(0) over its chunk program_id(1), for rows of few programs:
-    part[0 | 1][r, c] = top, race value; wins[0][r, c] = race winner."""
+def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, lanes_ptr, count_ptr, R, V, stride_x, CHUNK, S,
+                       G: tl.constexpr, BLOCK: tl.constexpr):
+    """The first pass of row program_id(0) over its chunk program_id(1): part[0 | 1][r, c] = top, race value;
+    wins[0][r, c] = race winner; with G (> 0), for a top-k row, lanes[r, c] = the maxima of its G groups of
+    lanes, and the row's count of gathered entries zeroed."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
@@ -182,9 +228,14 @@ def _first_pass_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, R, V, stride_x, CHUN
     top, best, win = _first_pass(row_ptr, lo, tl.minimum(lo + CHUNK, V), inv_t, seed, counter, race_all, noisy,
                                  BLOCK)
     at = r * S + c
-    tl.store(part_ptr + at, top)
+    tl.store(part_ptr + at, tl.max(top, 0))
     tl.store(part_ptr + R * S + at, best)
     tl.store(wins_ptr + at, win)
+    if G > 0:
+        if race_all == 0:
+            tl.store(lanes_ptr + at * G + tl.arange(0, G), tl.max(tl.reshape(top, [G, BLOCK // G]), 1))
+        if c == 0:
+            tl.store(count_ptr + r, 0)
 
 
 @triton.jit
@@ -209,44 +260,59 @@ def _chunk_max(ptr, r, S, SP: tl.constexpr):
 
 
 @triton.jit
-def _split_cut(hist_ptr, r, S, RS, k, LEVELS: tl.constexpr):
-    """The top-k cut of row r after its first LEVELS digits, from its chunks' histograms (hist[level][r, c]):
-    (the key's digits so far, the rank of the k-th smallest key among the keys that share them)."""
-    prefix = tl.zeros([], tl.int32)
-    k_left = k.to(tl.int32)
-    for level in tl.static_range(LEVELS):
-        counts = tl.zeros([BINS], tl.int32)
-        for c in range(S):
-            counts += tl.load(hist_ptr + (level * RS + r * S + c) * BINS + tl.arange(0, BINS))
-        prefix, k_left = _pick_digit(counts, prefix, k_left)
-    return prefix, k_left
-
-
-@triton.jit
-def _cut_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, hist_ptr, R, V, stride_x, CHUNK, S,
-                LEVEL: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
-    """Pass LEVEL of the top-k cut of row program_id(0) over its chunk program_id(1), for top-k rows of few
-    programs: below DIGITS the histogram of the keys' digit LEVEL under the cut's digits so far
-    (hist[LEVEL][r, c]), at DIGITS the race over the entries the cut keeps (part[1][r, c], wins[0][r, c],
-    which the first pass leaves empty for a top-k row)."""
+def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R, V, stride_x, CHUNK, S,
+                   G: tl.constexpr, SP: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+    """For a top-k row program_id(0): the pivot, the k-th smallest cut key of its chunks' group maxima (every
+    entry when k is more than the groups), then over chunk program_id(1) the ids of the entries whose key is
+    at most the pivot, appended to cand[r] (the first C of them) behind the row's count, which counts them
+    all."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
     if race_all == 0:
         row_ptr = x_ptr + r.to(tl.int64) * stride_x
-        RS = R * S
         top = _chunk_max(part_ptr, r, S, SP)
-        prefix, k_left = _split_cut(hist_ptr, r, S, RS, top_k, LEVEL)
+        g = tl.arange(0, SP * G)
+        maxima = tl.load(lanes_ptr + r * S * G + g, mask=g < S * G, other=float("-inf"))
+        group_key, group_mass = _keys(maxima, g < S * G, top)
+        pivot = tl.where(top_k <= S * G, _kth_key(group_key, top_k), KEY_MAX)
         lo = c * CHUNK
         hi = tl.minimum(lo + CHUNK, V)
-        at = r * S + c
-        if LEVEL < DIGITS:
-            counts = _digit_counts(row_ptr, lo, hi, inv_t, top, prefix, LEVEL, BLOCK)
-            tl.store(hist_ptr + (LEVEL * RS + at) * BINS + tl.arange(0, BINS), counts)
-        else:
-            win, best, _, _ = _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, prefix + 1, prefix + 1, BLOCK)
-            tl.store(part_ptr + RS + at, best)
-            tl.store(wins_ptr + at, win)
+        for base in range(lo, hi, BLOCK):
+            idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
+            key, mass = _keys(s, ok, top)
+            near = (key <= pivot).to(tl.int32)
+            n = tl.sum(near, 0)
+            if n > 0:
+                at = tl.atomic_add(count_ptr + r, n) + tl.cumsum(near, 0) - 1
+                tl.store(cand_ptr + r * C + at, idx, mask=(near > 0) & (at < C))
+
+
+@triton.jit
+def _gathered_draw(row_ptr, cand_ptr, n, inv_t, top, top_k, top_p, seed, counter, C: tl.constexpr):
+    """The token of a top-k row from its n (<= C) gathered entries, which hold every entry whose key is at
+    most the row's k-th smallest: that key, the race over the kept entries and the top-p rounds, as the
+    row's passes would find them, in registers."""
+    i = tl.arange(0, C)
+    ok = i < n
+    idx = tl.load(cand_ptr + i, mask=ok, other=0)
+    s = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+    key, mass = _keys(s, ok, top)
+    bound = _kth_key(key, top_k) + 1
+    z = s + _gumbel_at(seed, counter, idx)
+    _, win = _race_result(tl.where(key < bound, z, float("-inf")), idx)
+    if top_p < 1.0:
+        kept = tl.sum(tl.where(key < bound, mass, 0).to(tl.int64), 0)
+        raced = bound
+        done = tl.zeros([], tl.int32)
+        while done == 0:
+            key_win = tl.minimum(tl.min(tl.where(ok & (idx == win), key, KEY_MAX + 1), 0), raced - 1)
+            likelier = tl.sum(tl.where(key < key_win, mass, 0).to(tl.int64), 0)
+            done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
+            _, nxt = _race_result(tl.where(key < key_win, z, float("-inf")), idx)
+            win = tl.where(done != 0, win, nxt)
+            raced = key_win
+    return win
 
 
 @triton.jit
@@ -277,31 +343,20 @@ def _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, 
 
 
 @triton.jit
-def _split_bound(hist_ptr, r, S, RS, top_k, race_all):
-    """The bound of row r's candidates (entries with a smaller key) once its split cut ran: every entry
-    for a row without top-k."""
-    bound = tl.full([], KEY_MAX + 1, tl.int32)
-    if race_all == 0:
-        prefix, _ = _split_cut(hist_ptr, r, S, RS, top_k, DIGITS)
-        bound = prefix + 1
-    return bound
-
-
-@triton.jit
-def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, hist_ptr, R, V, stride_x, CHUNK, S,
-                  ROUND: tl.constexpr, CUT: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
-    """Top-p round ROUND of row program_id(0) over its chunk program_id(1), for rows of few programs
-    (top-k rows too when the split cut ran, CUT): the rounds before it replayed from their chunks'
-    results, then, if none accepted, this round's race and masses over the chunk."""
+def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x, CHUNK, S,
+                  ROUND: tl.constexpr, SP: tl.constexpr, BLOCK: tl.constexpr):
+    """Top-p round ROUND of row program_id(0) over its chunk program_id(1), for rows without top-k of few
+    programs: the rounds before it replayed from their chunks' results, then, if none accepted, this round's
+    race and masses over the chunk."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
-    active = (temp > 0) & (race_all | CUT) & (top_p < 1.0)
+    active = (temp > 0) & race_all & (top_p < 1.0)
     if active:
         row_ptr = x_ptr + r.to(tl.int64) * stride_x
         RS = R * S
         top = _chunk_max(part_ptr, r, S, SP)
-        bound = _split_bound(hist_ptr, r, S, RS, top_k, race_all)
+        bound = tl.full([], KEY_MAX + 1, tl.int32)
         win = _earliest_best(part_ptr + RS, wins_ptr, r, S, SP)
         win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win, bound,
                                    active, SP, ROUND)
@@ -318,50 +373,51 @@ def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, hist_ptr, R, V,
 
 
 @triton.jit
-def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, hist_ptr, out_ptr, R, V, stride_x, S,
-                   SPLIT: tl.constexpr, CUT: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
-                   BLOCK: tl.constexpr):
+def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, cand_ptr, out_ptr, R, V, stride_x,
+                   S, STAGED: tl.constexpr, GATHER: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
+                   C: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
     RS = R * S
-    if SPLIT:  # combine the chunks' first passes (and a top-k row's split race, when CUT)
+    if STAGED:  # combine the chunks' first passes
         top = _chunk_max(part_ptr, r, S, SP)
         win = _earliest_best(part_ptr + RS, wins_ptr, r, S, SP)
     else:
-        top, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
+        lanes, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
+        top = tl.max(lanes, 0)
     if temp > 0:
-        bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
-        done = tl.zeros([], tl.int32)
-        if CUT:
-            bound = _split_bound(hist_ptr, r, S, RS, top_k, race_all)
-        elif race_all == 0:
-            prefix = tl.zeros([], tl.int32)
-            k_left = top_k.to(tl.int32)
-            for level in tl.static_range(DIGITS):
-                counts = _digit_counts(row_ptr, 0, V, inv_t, top, prefix, level, BLOCK)
-                prefix, k_left = _pick_digit(counts, prefix, k_left)
-            bound = prefix + 1
-            win, _, _, _ = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, bound, bound, BLOCK)
-        raced = bound  # the bound `win` was raced under: every later bound is strictly below it
-        if SPLIT:  # the rounds the split programs ran
-            win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win,
-                                       raced, (race_all | CUT) & (top_p < 1.0), SP, ROUNDS)
-        if top_p < 1.0:
-            while done == 0:
-                key_win = _key_of(row_ptr, win, inv_t, top, raced)
-                nxt, _, likelier, kept = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, key_win, bound,
-                                                    BLOCK)
-                done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
-                win = tl.where(done != 0, win, nxt)
-                raced = key_win
+        gathered = tl.zeros([], tl.int32) + C + 1  # no gathered entries
+        if GATHER:
+            if race_all == 0:
+                gathered = tl.load(count_ptr + r)
+        if gathered <= C:
+            win = _gathered_draw(row_ptr, cand_ptr + r * C, gathered, inv_t, top, top_k, top_p, seed, counter, C)
+        else:
+            bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
+            done = tl.zeros([], tl.int32)
+            if race_all == 0:
+                bound = _row_kth_key(row_ptr, V, inv_t, top, top_k, BLOCK) + 1
+                win, _, _, _ = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, bound, bound, BLOCK)
+            raced = bound  # the bound `win` was raced under: every later bound is strictly below it
+            if ROUNDS > 0:  # the rounds the split programs ran
+                win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p,
+                                           win, raced, race_all & (top_p < 1.0), SP, ROUNDS)
+            if top_p < 1.0:
+                while done == 0:
+                    key_win = _key_of(row_ptr, win, inv_t, top, raced)
+                    nxt, _, likelier, kept = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, key_win, bound,
+                                                        BLOCK)
+                    done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
+                    win = tl.where(done != 0, win, nxt)
+                    raced = key_win
     tl.store(out_ptr + r, win.to(tl.int64))
 
 
-# Top-p rounds the split programs run; a row that needs more goes on alone in its row's program, which is then the
-# step's slowest part (a round over the whole row in one program: 136-194 us of 64 rows' 0.35-0.41 ms at top_p 0.9
-# on an H100, where a row needs a third round with probability about 0.1^2). With 4, 64 rows of top-p 0.9 take
-# 0.26 ms against 0.35 with 2 (export/results, "The sampler's top-k cut by a radix select").
+# Top-p rounds the split programs run for rows without top-k; a row that needs more goes on alone in its row's
+# program, which is then the step's slowest part (a round over the whole row in one program: 136-194 us of 64 rows'
+# 0.35-0.41 ms at top_p 0.9 on an H100, where a row needs a third round with probability about 0.1^2). With 4, 64
+# rows of top-p 0.9 take 0.26 ms against 0.35 with 2 (export/results, "The sampler's top-k cut by a radix select").
 SPLIT_ROUNDS = 4
 
 
@@ -373,14 +429,21 @@ def first_pass_splits(rows: int, vocab: int, block: int, device: torch.device) -
     return max(1, min(triton.cdiv(vocab, 4 * block), triton.cdiv(2 * sms, rows), 64))
 
 
+def pivot_groups(splits: int, block: int) -> int:
+    """Groups of lanes a chunk's first pass keeps the maxima of: `PIVOT_GROUPS` over the row's `splits` chunks (a
+    power of two, at most a lane each)."""
+    return min(block, triton.next_power_of_2(triton.cdiv(PIVOT_GROUPS, splits)))
+
+
 def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warps: int = 8,
            out: torch.Tensor | None = None, splits: int | None = None, nucleus: bool = True,
            top_k: bool = True) -> torch.Tensor:
     """Token ids int64 [R] for logits [R, V] and rows int64 [5, R] on its device; `out` (int64 [R]) to
     write them into (the bench poisons it first); `splits` overrides `first_pass_splits`. `nucleus`
     False (the caller knows no row has top_p < 1) skips the split top-p rounds' launches and `top_k`
-    False (no row has top_k > 0) the split cut's, which would find no row to work on; only speed depends
-    on them (a row's program runs any cut or rounds left).
+    False (no row has top_k > 0) the gathering pass's; only speed depends on them (a row's program runs any
+    cut or rounds left, over its whole row). With `top_k` the first pass runs as its own launch even for
+    rows of one program (a chunk a row), for the gathering pass after it.
 
     The tile (2,048 ids, 8 warps) is the H200 sweep's fastest at 262,144 ids, with the same tokens as
     1,024 (export/results, "The sampler kernel"; swept with the 8-way top-k search this file had before its
@@ -395,25 +458,28 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     splits = first_pass_splits(R, V, block, logits.device) if splits is None else splits
     chunk = triton.cdiv(triton.cdiv(V, splits), block) * block  # whole tiles, so ids stay 4-aligned per tile
     splits = triton.cdiv(V, chunk)
-    split = splits > 1
-    n = R * splits if split else 1
-    rounds = SPLIT_ROUNDS if split and nucleus else 0
-    cut = split and top_k
-    part = torch.empty((2 + rounds) * n, dtype=torch.float32, device=logits.device)
-    wins = torch.empty((1 + rounds) * n, dtype=torch.int32, device=logits.device)
-    mass = torch.empty(max(2 * rounds * n, 1), dtype=torch.int64, device=logits.device)
-    hist = torch.empty(DIGITS * BINS * n if cut else 1, dtype=torch.int32, device=logits.device)
+    staged = splits > 1 or top_k
+    n = R * splits if staged else 1
+    rounds = SPLIT_ROUNDS if splits > 1 and nucleus else 0
+    groups = pivot_groups(splits, block) if top_k else 0
+    dev = logits.device
+    part = torch.empty((2 + rounds) * n, dtype=torch.float32, device=dev)
+    wins = torch.empty((1 + rounds) * n, dtype=torch.int32, device=dev)
+    mass = torch.empty(max(2 * rounds * n, 1), dtype=torch.int64, device=dev)
+    lanes = torch.empty(max(groups * n, 1), dtype=torch.float32, device=dev)
+    count = torch.empty(R if top_k else 1, dtype=torch.int32, device=dev)
+    cand = torch.empty(R * CANDIDATES if top_k else 1, dtype=torch.int32, device=dev)
     # No fused multiply-adds: keys and race values round as the reference's separate ops do.
     opts = dict(num_warps=num_warps, enable_fp_fusion=False)
     sp = triton.next_power_of_2(splits)
     args = (R, V, logits.stride(0), chunk, splits)
-    if split:
-        _first_pass_kernel[(R, splits)](logits, rows, part, wins, *args, BLOCK=block, **opts)
-        for level in range(DIGITS + 1) if cut else ():
-            _cut_kernel[(R, splits)](logits, rows, part, wins, hist, *args, LEVEL=level, SP=sp, BLOCK=block, **opts)
-        for q in range(rounds):
-            _round_kernel[(R, splits)](logits, rows, part, wins, mass, hist, *args, ROUND=q, CUT=cut, SP=sp,
-                                       BLOCK=block, **opts)
-    _sample_kernel[(R,)](logits, rows, part, wins, mass, hist, out, R, V, logits.stride(0), splits, SPLIT=split,
-                         CUT=cut, ROUNDS=rounds, SP=sp, BLOCK=block, **opts)
+    if staged:
+        _first_pass_kernel[(R, splits)](logits, rows, part, wins, lanes, count, *args, G=groups, BLOCK=block, **opts)
+    if top_k:
+        _gather_kernel[(R, splits)](logits, rows, part, lanes, count, cand, *args, G=groups, SP=sp, C=CANDIDATES,
+                                    BLOCK=block, **opts)
+    for q in range(rounds):
+        _round_kernel[(R, splits)](logits, rows, part, wins, mass, *args, ROUND=q, SP=sp, BLOCK=block, **opts)
+    _sample_kernel[(R,)](logits, rows, part, wins, mass, count, cand, out, R, V, logits.stride(0), splits,
+                         STAGED=staged, GATHER=top_k, ROUNDS=rounds, SP=sp, C=CANDIDATES, BLOCK=block, **opts)
     return out

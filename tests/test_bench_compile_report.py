@@ -117,19 +117,21 @@ def test_a_register_cap_reaches_ptxas(tmp_path):
 
 def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
     """`--sampler`: a JSON line for each kernel `sample()` launches, the split ones at --chunks chunks a row (SP the
-    next power of two) and the row's kernel split and alone, each with its loops; the alone one also runs the first
-    pass, the cut's digit passes and its race over the row, so it has that many long loops (over 100 instructions: a
-    tile's work) more than the split one."""
-    from g4rt.plugins.triton_sampling import DIGITS, SPLIT_ROUNDS
+    next power of two, the pivot's groups `pivot_groups`) and the row's kernel staged and alone, each with its loops.
+    Both keep the whole-row cut, race and rounds for rows whose gathered entries overflow; where the alone one runs
+    the first pass over the row (a loop as long as the split first pass's), the staged one's first loop is the
+    gathered entries' top-p rounds in registers, a fraction of a tile's work."""
+    from g4rt.plugins.triton_sampling import SPLIT_ROUNDS, pivot_groups
 
     r = run("--sampler", "--chunks", "5", "--ir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(line) for line in r.stdout.strip().splitlines()]
-    assert [x["kernel"] for x in lines] == ["_first_pass_kernel", *["_cut_kernel"] * (DIGITS.value + 1),
-                                            *["_round_kernel"] * SPLIT_ROUNDS, "_sample_kernel", "_sample_kernel"]
-    assert lines[1]["constexprs"]["SP"] == 8 and all(x["registers"] and x["loop_instructions"] for x in lines)
-    long = [sum(n > 100 for n in x["loop_instructions"]) for x in lines[-2:]]
-    assert long[1] == long[0] + DIGITS.value + 2
+    assert [x["kernel"] for x in lines] == ["_first_pass_kernel", "_gather_kernel", *["_round_kernel"] * SPLIT_ROUNDS,
+                                            "_sample_kernel", "_sample_kernel"]
+    assert lines[1]["constexprs"]["SP"] == 8 and lines[1]["constexprs"]["G"] == pivot_groups(5, 2048) == 512
+    assert all(x["registers"] and x["loop_instructions"] for x in lines)
+    first, (staged, alone) = lines[0]["loop_instructions"][0], (x["loop_instructions"] for x in lines[-2:])
+    assert len(staged) == len(alone) and abs(alone[0] - first) < 0.1 * first and staged[0] < first / 3
     assert (tmp_path / f"sampler{len(lines) - 1}__sample_kernel.sass").exists()
     assert run("--sampler", "--chunks", "1").returncode == 2
 

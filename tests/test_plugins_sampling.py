@@ -104,6 +104,54 @@ def test_rows_that_outlast_the_split_rounds_go_on_alone(monkeypatch):
     assert torch.equal(ts.sample(x, rows, block=64, splits=3), reference.sample_ref(x, rows))
 
 
+def test_the_gathered_entries_are_the_likeliest_and_hold_the_top_k():
+    """The first pass's group maxima and the gathering pass, launched as `sample()` launches them (a row cut in 5
+    chunks of 19 tiles, a group a lane): each top-k row gathers exactly the entries whose cut key is at most some
+    pivot, those hold every entry whose key is at most the k-th smallest, and they are few more than k (the
+    pivot is the k-th largest of 320 group maxima); rows without top-k gather nothing."""
+    R, V, block = 4, 6000, 64
+    x = logits_for(R, V, 11)
+    rows = pack([(1.0, 50, 0.9, 1, 0), (0.7, 5, 1.0, 2, 0), (1.0, 0, 0.9, 3, 0), (1.5, 64, 1.0, 4, 0)])
+    chunk = 19 * block
+    splits = -(-V // chunk)
+    groups, sp = ts.pivot_groups(splits, block), 8
+    part = torch.full((2 * R * splits,), float("nan"))
+    wins = torch.full((R * splits,), -1, dtype=torch.int32)
+    lanes = torch.full((groups * R * splits,), float("nan"))
+    count = torch.full((R,), -1, dtype=torch.int32)
+    cand = torch.full((R * ts.CANDIDATES,), -1, dtype=torch.int32)
+    args = (R, V, x.stride(0), chunk, splits)
+    ts._first_pass_kernel[(R, splits)](x, rows, part, wins, lanes, count, *args, G=groups, BLOCK=block)
+    ts._gather_kernel[(R, splits)](x, rows, part, lanes, count, cand, *args, G=groups, SP=sp, C=ts.CANDIDATES,
+                                   BLOCK=block)
+    inv = (1.0 / rows[0].view(torch.float64)).float()
+    scores = x * inv[:, None]
+    keys, _ = reference.sample_keys_ref(scores, scores.max(dim=-1).values)
+    assert count[2].item() == 0
+    for r in (0, 1, 3):
+        k = rows[2, r].item()
+        got = cand.view(R, -1)[r, :count[r]].tolist()
+        assert len(set(got)) == len(got) and k <= len(got) <= 2 * k
+        pivot = keys[r, got].max()
+        assert set(got) == set(torch.nonzero(keys[r] <= pivot)[:, 0].tolist())
+        assert pivot >= keys[r].sort().values[k - 1]
+
+
+def test_rows_whose_gathered_entries_overflow_cut_their_whole_row(monkeypatch):
+    """With room for 32 gathered entries, the top-k rows that gather more (k = 40, 50, 300) find their cut over
+    their whole row in their own program, as do the rows of a step told no row has top-k: the reference's tokens,
+    split and whole, beside rows that fit."""
+    monkeypatch.setattr(ts, "CANDIDATES", 32)
+    x = logits_for(2, 3000, 1)[0].expand(64, -1).contiguous()
+    params = [(t, k, p, seed, 2) for seed in range(16) for t, k, p in ((1.0, 40, 1.0), (0.9, 5, 0.8),
+                                                                     (1.5, 300, 0.6), (0.9, 50, 0.9))]
+    rows = pack(params)
+    want = reference.sample_ref(x, rows)
+    for splits in (1, 3):
+        assert torch.equal(ts.sample(x, rows, block=256, splits=splits), want)
+    assert torch.equal(ts.sample(x, rows, block=256, splits=3, top_k=False), want)
+
+
 def test_the_cut_keeps_ties_and_the_whole_row():
     """The radix cut on rows whose keys tie across the k-th (every kept tie may win), whose k-th key is the
     saturated bottom one (2^24 - 1: scores 256 or more below the top), and whose k is all but one entry,
