@@ -53,10 +53,10 @@ DIGITS = tl.constexpr(4)
 BINS = tl.constexpr(1 << DIGIT_BITS.value)
 assert SAMPLE_KEY_MAX == (1 << DIGIT_BITS.value * DIGITS.value) - 1
 # Group maxima a row's first pass keeps for the top-k pivot (over all its chunks), and the entries at or above the
-# pivot its row's program takes in registers. Drawn from N(0, 1), N(0, 4^2) and Gumbel logits over 262,144 ids, a
-# row's 2,048 group maxima gather at most 53 entries for k = 50, 82 for k = 64 and 2,586 for k = 256 unsplit
-# (in 20 draws of each; cut in 2-32 chunks of 1,024-64 groups each, 74 and 387 for k = 64 and 256): k up to about
-# 256 in 1,024 candidates, larger k by the row's own passes.
+# pivot its row's program takes in registers. From N(0, 1), N(0, 4^2) and Gumbel logits over 262,144 ids, cut in 1,
+# 2, 5 or 32 chunks, 20 draws each, a row's 2,048 group maxima gather at most 54 entries for k = 50, 68 for k = 64
+# and 287 for k = 256 (export/results, "The sampler's top-k by a pivot"); a k near the groups' count, or many keys
+# tied at the pivot, can overflow 1,024 and then takes the row's own passes.
 PIVOT_GROUPS = 2048
 CANDIDATES = 1024
 
@@ -446,8 +446,7 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     rows of one program (a chunk a row), for the gathering pass after it.
 
     The tile (2,048 ids, 8 warps) is the H200 sweep's fastest at 262,144 ids, with the same tokens as
-    1,024 (export/results, "The sampler kernel"; swept with the 8-way top-k search this file had before its
-    radix cut, whose times are in "The sampler's top-k cut by a radix select")."""
+    1,024 (export/results, "The sampler kernel")."""
     R, V = logits.shape
     out = torch.empty(R, dtype=torch.int64, device=logits.device) if out is None else out
     if R == 0:

@@ -82,9 +82,9 @@ def test_greedy_takes_the_first_of_tied_maxima(splits):
 
 
 def test_split_first_pass_changes_no_token():
-    """A row's first pass, top-k cut and top-p rounds cut over several programs (what few rows get) draw
-    what one program draws, and so do the split passes without the split rounds (`nucleus` False) or the
-    split cut (`top_k` False), which leave those rows' rounds or cut to their row's program."""
+    """A row's first pass, top-k gathering pass and top-p rounds cut over several programs (what few rows get)
+    draw what one program draws, and so do the split passes without the split rounds (`nucleus` False) or the
+    gathering pass (`top_k` False), which leave those rows' rounds or cut to their row's program."""
     x = logits_for(len(PARAMS), 600, 6)
     rows = pack(PARAMS)
     want = reference.sample_ref(x, rows)
@@ -152,10 +152,12 @@ def test_rows_whose_gathered_entries_overflow_cut_their_whole_row(monkeypatch):
     assert torch.equal(ts.sample(x, rows, block=256, splits=3, top_k=False), want)
 
 
-def test_the_cut_keeps_ties_and_the_whole_row():
-    """The radix cut on rows whose keys tie across the k-th (every kept tie may win), whose k-th key is the
-    saturated bottom one (2^24 - 1: scores 256 or more below the top), and whose k is all but one entry,
-    split and whole: the reference's tokens."""
+@pytest.mark.parametrize("room", [1024, 4])
+def test_the_cut_keeps_ties_and_the_whole_row(room, monkeypatch):
+    """The cut on rows whose keys tie across the k-th (every kept tie may win), whose k-th key is the saturated
+    bottom one (2^24 - 1: scores 256 or more below the top), and whose k is all but one entry, split and whole,
+    over the gathered entries and (with room for 4) over the whole row: the reference's tokens."""
+    monkeypatch.setattr(ts, "CANDIDATES", room)
     x = torch.zeros(4, 500)
     x[0, ::7] = 1.0  # 72 tied tops, k = 5 of them
     x[1, :3] = 400.0  # three far above the rest: the k-th (k = 10) key saturates
