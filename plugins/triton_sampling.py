@@ -4,7 +4,7 @@ few passes over the logits, no noise tensor, no sort.
 `sample(logits, rows)` is `reference.sample_ref` (plugins/README.md `sample`):
 
 * greedy rows (temperature 0): one pass, the first argmax;
-* every sampled row, pass 1: the row's top score and the Gumbel race over the whole row,
+* every sampled row, pass 1: the row's top score and, without top-k, the Gumbel race over the whole row,
   its noise made in registers from Philox (`tl.randint4x`, key = the request's seed, counter = (id // 4,
   draw counter)), so a token depends on its own row, seed and counter only; rows without top-k or
   top-p are done;
