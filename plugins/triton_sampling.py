@@ -58,6 +58,7 @@ assert SAMPLE_KEY_MAX == (1 << DIGIT_BITS.value * DIGITS.value) - 1
 # and 287 for k = 256 (export/results, "The sampler's top-k by a pivot"); a k near the groups' count, or many keys
 # tied at the pivot, can overflow 1,024 and then takes the row's own passes.
 PIVOT_GROUPS = 2048
+PIVOT_DIGITS = tl.constexpr(2)
 CANDIDATES = 1024
 
 
@@ -155,13 +156,15 @@ def _pick_digit(counts, prefix, k_left):
 
 
 @triton.jit
-def _kth_key(key, k):
-    """The k-th smallest of the cut keys `key` (a tensor in registers; 1 <= k <= their count)."""
+def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
+    """The k-th smallest of the cut keys `key` (a tensor in registers; 1 <= k <= their count), or with LEVELS
+    below DIGITS the largest key of the bin of its first LEVELS digits (at least k keys are at most that)."""
     prefix = tl.zeros([], tl.int32)
     k_left = k.to(tl.int32)
-    for level in tl.static_range(DIGITS):
+    for level in tl.static_range(LEVELS):
         prefix, k_left = _pick_digit(_digit_histogram(key, prefix, level), prefix, k_left)
-    return prefix
+    low: tl.constexpr = DIGIT_BITS * (DIGITS - LEVELS)
+    return ((prefix + 1) << low) - 1
 
 
 @triton.jit
@@ -275,7 +278,7 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
         g = tl.arange(0, SP * G)
         maxima = tl.load(lanes_ptr + r * S * G + g, mask=g < S * G, other=float("-inf"))
         group_key, group_mass = _keys(maxima, g < S * G, top)
-        pivot = tl.where(top_k <= S * G, _kth_key(group_key, top_k), KEY_MAX)
+        pivot = tl.where(top_k <= S * G, _kth_key(group_key, top_k, PIVOT_DIGITS), KEY_MAX)
         lo = c * CHUNK
         hi = tl.minimum(lo + CHUNK, V)
         for base in range(lo, hi, BLOCK):
