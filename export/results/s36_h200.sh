@@ -78,6 +78,13 @@
 #   any card, with those archives: batch 64 with Gemma's sampling on main (4 split rounds; session 41 measured 2):
 #     STEPS=64 STEPS_ARGS="--decode-temperature 1 --decode-top-k 64 --decode-top-p 0.95" \
 #       ARMS="m/bf16 pre40/bf16 m/bf16 pre40/bf16 m/bf16 pre40/bf16" STEPS_CAP=80 bash export/results/s36_h200.sh steps 300
+# Session 42 (the H200 refused all five starts; H100s for four calls; export/results/README.md, "The sampler's top-k
+# by a pivot") ran the sampler with the pivot and gathering pass against main before it, the batch-64 steps with
+# Gemma's sampling, and two gathering-pass arms. The next calls, with
+#   git archive --prefix=ab/m/g4rt/ main | tar -x; git archive --prefix=ab/p36/g4rt/ 4aa836a | tar -x
+#   an H200 (needs_h200): main's scoreboard at batch 64-256 against main before the fma tile (4aa836a), bf16:
+#     STEPS=64,128,256 ARMS="m/bf16 p36/bf16 m/bf16 p36/bf16 m/bf16 p36/bf16" STEPS_CAP=95 bash export/results/s36_h200.sh steps 585
+#   then the same with m/fp8 and p36/fp8 (the e4m3 arena at batch 256, past the first context)
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
