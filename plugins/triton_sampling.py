@@ -12,12 +12,13 @@ few passes over the logits, no noise tensor, no sort.
   the k-th largest of those maxima over the whole row is a score at least k entries reach (each of those
   groups holds one); the pivot is the lowest score of its cut key's bin of `PIVOT_DIGITS` leading digits
   (two histograms, not four, for a few more entries), so the entries at or above it hold the top k, and
-  with the row's groups well above k they are only a few more than k (`PIVOT_GROUPS`). One pass gathers them (`_gather_kernel`); the
-  row's program then finds the k-th smallest cut key among them by a radix select in registers (`DIGITS`
-  digits, a histogram each; counts are integers, so the cut is exact), races the kept ones and runs any
-  top-p rounds over them, all without reading the row again. A row whose gathered entries would not
-  fit `CANDIDATES` (k near the groups' count, or many keys tied at the pivot) runs the same select over
-  its whole row in its own program, a digit a pass, then the race and the rounds a pass each;
+  with the row's groups well above k they are only a few more than k (`PIVOT_GROUPS`). One pass gathers
+  them (`_gather_kernel`); the row's program then finds the k-th smallest cut key among them by a radix
+  select in registers (`DIGITS` digits, a histogram each; counts are integers, so the cut is exact),
+  races the kept ones and runs any top-p rounds over them, all without reading the row again. A row
+  whose gathered entries would not fit `CANDIDATES` (k near the groups' count, or many keys tied at the
+  pivot) runs the same select over its whole row in its own program, a digit a pass, then the race and
+  the rounds a pass each;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -55,9 +56,10 @@ BINS = tl.constexpr(1 << DIGIT_BITS.value)
 assert SAMPLE_KEY_MAX == (1 << DIGIT_BITS.value * DIGITS.value) - 1
 # Group maxima a row's first pass keeps for the top-k pivot (over all its chunks), and the entries at or above the
 # pivot its row's program takes in registers. From N(0, 1), N(0, 4^2) and Gumbel logits over 262,144 ids, cut in 1,
-# 2, 5 or 32 chunks, 20 draws each, a row's 2,048 group maxima gather at most 54 entries for k = 50, 68 for k = 64
-# and 287 for k = 256 (export/results, "The sampler's top-k by a pivot"); a k near the groups' count, or many keys
-# tied at the pivot, can overflow 1,024 and then takes the row's own passes.
+# 2, 5 or 32 chunks, 20 draws each, the exact k-th of a row's 2,048 group maxima gathers at most 54 entries for
+# k = 50, 68 for k = 64 and 287 for k = 256 (export/results, "The sampler's top-k by a pivot"; the two-digit pivot
+# adds its bin's entries above it); a k near the groups' count, or many keys tied at the pivot, can overflow 1,024
+# and then takes the row's own passes.
 PIVOT_GROUPS = 2048
 # The pivot's leading digits: with all 4 (the exact k-th group maximum) the gathering pass took 12.7 / 71.8 us at
 # 1 / 64 rows on an H100, with 2 11.5 / 65.3 (export/results, "The sampler's top-k by a pivot").
@@ -270,9 +272,8 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
                    G: tl.constexpr, SP: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
     """For a top-k row program_id(0): the pivot, the largest key in the bin of `PIVOT_DIGITS` leading digits
     that holds the k-th smallest cut key of its chunks' group maxima (every entry when k is more than the
-    groups), then over chunk program_id(1) the ids of the entries whose key is
-    at most the pivot, appended to cand[r] (the first C of them) behind the row's count, which counts them
-    all."""
+    groups), then over chunk program_id(1) the ids of the entries whose key is at most the pivot, appended to
+    cand[r] (the first C of them) behind the row's count, which counts them all."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
@@ -281,14 +282,12 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
         top = _chunk_max(part_ptr, r, S, SP)
         g = tl.arange(0, SP * G)
         maxima = tl.load(lanes_ptr + r * S * G + g, mask=g < S * G, other=float("-inf"))
-        group_key, group_mass = _keys(maxima, g < S * G, top)
-        pivot = tl.where(top_k <= S * G, _kth_key(group_key, top_k, PIVOT_DIGITS), KEY_MAX)
+        pivot = tl.where(top_k <= S * G, _kth_key(_keys(maxima, g < S * G, top)[0], top_k, PIVOT_DIGITS), KEY_MAX)
         lo = c * CHUNK
         hi = tl.minimum(lo + CHUNK, V)
         for base in range(lo, hi, BLOCK):
             idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
-            key, mass = _keys(s, ok, top)
-            near = (key <= pivot).to(tl.int32)
+            near = (_keys(s, ok, top)[0] <= pivot).to(tl.int32)
             n = tl.sum(near, 0)
             if n > 0:
                 at = tl.atomic_add(count_ptr + r, n) + tl.cumsum(near, 0) - 1
