@@ -377,8 +377,10 @@ class OldSampler:
         return out
 
 
+# top_k_4000: k beyond the pivot's groups (triton_sampling.PIVOT_GROUPS), so each row cuts its whole row in its own
+# program (the path rows whose gathered entries overflow take).
 SAMPLER_KINDS = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_50": (1.0, 50, 1.0),
-                 "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9)}
+                 "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9), "top_k_4000": (1.0, 4000, 1.0)}
 
 
 SAMPLER_TILES = [(1024, 8), (1024, 4), (4096, 8), (2048, 16)]  # (block, num_warps) besides the default (2048, 8)
