@@ -85,6 +85,8 @@
 #   an H200 (needs_h200): main's scoreboard at batch 64-256 against main before the fma tile (4aa836a), bf16:
 #     STEPS=64,128,256 ARMS="m/bf16 p36/bf16 m/bf16 p36/bf16 m/bf16 p36/bf16" STEPS_CAP=95 bash export/results/s36_h200.sh steps 585
 #   then the same with m/fp8 and p36/fp8 (the e4m3 arena at batch 256, past the first context)
+#   any card: the sampler on main (its top_k_4000 case checks the whole-row cut on the GPU), 3 processes:
+#     ARMS="new new new" SAMPLER_CAP=80 bash export/results/s36_h200.sh sampler 250
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
