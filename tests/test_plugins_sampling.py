@@ -96,7 +96,8 @@ def test_split_first_pass_changes_no_token():
 
 def test_rows_that_outlast_the_split_rounds_go_on_alone(monkeypatch):
     """With one split top-p round, the rows that need more (here some need 2 and 3) finish in their row's program
-    from where the split round left them: the reference's tokens, top-k rows and rows without alike."""
+    from where the split round left them (top-k rows run theirs over their gathered entries): the reference's
+    tokens for both kinds of row."""
     monkeypatch.setattr(ts, "SPLIT_ROUNDS", 1)
     x = logits_for(2, 300, 1)[0].expand(64, -1).contiguous()
     params = [(t, k, p, seed, 2) for seed in range(32) for t, k, p in ((1.5, 0, 0.6), (0.9, 40, 0.8))]
@@ -108,12 +109,13 @@ def test_the_gathered_entries_are_the_likeliest_and_hold_the_top_k():
     """The first pass's group maxima and the gathering pass, launched as `sample()` launches them (a row cut in 5
     chunks of 19 tiles, a group a lane): each top-k row gathers exactly the entries whose cut key is at most some
     pivot, those hold every entry whose key is at most the k-th smallest, and they are few more than k (the
-    pivot is the k-th largest of 320 group maxima); rows without top-k gather nothing."""
+    pivot is about the k-th largest of 320 group maxima); rows without top-k gather nothing."""
     R, V, block = 4, 6000, 64
     x = logits_for(R, V, 11)
     rows = pack([(1.0, 50, 0.9, 1, 0), (0.7, 5, 1.0, 2, 0), (1.0, 0, 0.9, 3, 0), (1.5, 64, 1.0, 4, 0)])
     chunk = 19 * block
     splits = -(-V // chunk)
+    assert splits == 5
     groups, sp = ts.pivot_groups(splits, block), 8
     part = torch.full((2 * R * splits,), float("nan"))
     wins = torch.full((R * splits,), -1, dtype=torch.int32)

@@ -47,8 +47,8 @@ def warm_sampler(llm: LLM) -> None:
     """Launch the sampler at every row count a step can have (1 .. max_num_seqs), rows without and with
     top-k and top-p, so that none of its kernel variants compiles during serving: Triton compiles one per
     split count (a constexpr that falls with the row count), per row count that is 1, a multiple of 16 or
-    neither, and with or without the top-k gathering pass and the split top-p rounds. Only where the sampler runs Triton
-    (CUDA)."""
+    neither, and with or without the top-k gathering pass and the split top-p rounds. Only where the sampler
+    runs Triton (CUDA)."""
     device = getattr(llm.engine, "device", None)
     if device is None or torch.device(device).type != "cuda":
         return
