@@ -142,13 +142,15 @@ def sampler_report(*, chunks: int = 64, arch: int = 90) -> list[dict]:
     block, num_warps = defaults["block"].default, defaults["num_warps"].default
     tile, sp = dict(BLOCK=block), triton.next_power_of_2(chunks)
     rounds, groups = ts.SPLIT_ROUNDS, ts.pivot_groups(chunks, block)
-    c = ts.CANDIDATES
-    cases = ([(ts._first_pass_kernel, dict(G=groups, **tile)), (ts._gather_kernel, dict(G=groups, SP=sp, C=c, **tile))]
+    room = dict(C=ts.CANDIDATES, L=ts.LISTED)
+    cases = ([(ts._first_pass_kernel, dict(G=groups, **tile)),
+              (ts._gather_kernel, dict(G=groups, SP=sp, L=ts.LISTED, **tile))]
              + [(ts._round_kernel, dict(ROUND=q, SP=sp, **tile)) for q in range(rounds)]
-             + [(ts._sample_kernel, dict(STAGED=True, GATHER=True, ROUNDS=rounds, SP=sp, C=c, **tile)),
-                (ts._sample_kernel, dict(STAGED=False, GATHER=False, ROUNDS=0, SP=1, C=c, **tile))])
+             + [(ts._sample_kernel, dict(STAGED=True, GATHER=True, ROUNDS=rounds, SP=sp, **room, **tile)),
+                (ts._sample_kernel, dict(STAGED=False, GATHER=False, ROUNDS=0, SP=1, **room, **tile))])
     pointers = {"x_ptr": "*fp32", "rows_ptr": "*i64", "part_ptr": "*fp32", "wins_ptr": "*i32", "mass_ptr": "*i64",
-                "lanes_ptr": "*fp32", "count_ptr": "*i32", "cand_ptr": "*i32", "out_ptr": "*i64"}
+                "lanes_ptr": "*fp32", "count_ptr": "*i32", "cand_ptr": "*i32", "vals_ptr": "*fp32",
+                "out_ptr": "*i64"}
     reports = []
     for fn, const in cases:
         sig = {n: pointers.get(n, "i32") for n in fn.arg_names} | {n: "constexpr" for n in const}

@@ -16,9 +16,10 @@ few passes over the logits, no noise tensor, no sort.
   them (`_gather_kernel`); the row's program then finds the k-th smallest cut key among them by a radix
   select in registers (`DIGITS` digits, a histogram each; counts are integers, so the cut is exact),
   races the kept ones and runs any top-p rounds over them, all without reading the row again. A row
-  whose gathered entries would not fit `CANDIDATES` (k near the groups' count, or many keys tied at the
-  pivot) runs the same select over its whole row in its own program, a digit a pass, then the race and
-  the rounds a pass each;
+  whose gathered entries would not fit `CANDIDATES` (a k of about a thousand or more, or many keys tied at
+  the pivot) runs the same select over its gathered list in memory (`LISTED`, ids and scores), a digit a
+  pass, then the race and the rounds a pass each; one whose entries overflow the list too (k above the
+  groups' count) runs those passes over its whole row;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -64,7 +65,11 @@ PIVOT_GROUPS = 2048
 # The pivot's leading digits: with all 4 (the exact k-th group maximum) the gathering pass took 12.7 / 71.8 us at
 # 1 / 64 rows on an H100, with 2 11.5 / 65.3 (export/results, "The sampler's top-k by a pivot").
 PIVOT_DIGITS = tl.constexpr(2)
+# A row's gathered entries (id and score) are kept up to LISTED in memory; the row's program takes up to CANDIDATES
+# of them in registers, and between the two runs its cut, race and rounds as passes over the list (a k of a few
+# thousand: at 1 / 64 / 256 rows on an H100 k = 4,000 took 0.73 / 1.09 / 1.59 ms over the whole row).
 CANDIDATES = 1024
+LISTED = 16384
 
 
 @triton.jit
@@ -74,6 +79,20 @@ def _scores(row_ptr, base, V, inv_temp, BLOCK: tl.constexpr):
     ok = idx < V
     x = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32)
     return idx, ok, x * inv_temp
+
+
+@triton.jit
+def _entries(row_ptr, ids_ptr, vals_ptr, LISTED: tl.constexpr, base, hi, inv_temp, BLOCK: tl.constexpr):
+    """(ids, in-range mask, scores) of tile `base`: of the row (ids base ..), or with LISTED of its gathered
+    list (ids_ptr, vals_ptr: entries base .. of the list, `hi` of them)."""
+    if LISTED:
+        i = base + tl.arange(0, BLOCK)
+        ok = i < hi
+        idx = tl.load(ids_ptr + i, mask=ok, other=0)
+        s = tl.load(vals_ptr + i, mask=ok, other=float("-inf"))
+    else:
+        idx, ok, s = _scores(row_ptr, base, hi, inv_temp, BLOCK)
+    return idx, ok, s
 
 
 @triton.jit
@@ -108,9 +127,12 @@ def _keys(s, ok, top):
 
 
 @triton.jit
-def _lane_race(z, idx, best, win):
-    """Per lane, keep the larger race value and its id (the earlier id on a tie: ids only grow)."""
+def _lane_race(z, idx, best, win, ORDERED: tl.constexpr = True):
+    """Per lane, keep the larger race value and its id (the earlier id on a tie: `ORDERED` ids only grow in a
+    lane; a gathered list's come in any order)."""
     better = z > best
+    if not ORDERED:
+        better = better | ((z == best) & (idx < win))
     return tl.where(better, z, best), tl.where(better, idx, win)
 
 
@@ -122,20 +144,25 @@ def _race_result(best, win):
 
 
 @triton.jit
-def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr):
-    """One pass over ids lo .. hi-1: the race winner among entries with key < race_bound and its race
-    value, their integer mass, and the integer mass of the entries with key < mass_bound. State stays
-    per lane until the end (one reduction per pass, not per tile); a lane's int32 masses hold
-    V / BLOCK * 2^18 < 2^31."""
+def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr,
+               ids_ptr=None, vals_ptr=None, LISTED: tl.constexpr = False):
+    """One pass over ids lo .. hi-1 (with LISTED, over entries lo .. hi-1 of the row's gathered list): the race
+    winner among entries with key < race_bound and its race value, their integer mass, and the integer mass of
+    the entries with key < mass_bound. State stays per lane until the end (one reduction per pass, not per
+    tile); a lane's int32 masses hold V / BLOCK * 2^18 < 2^31."""
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     win = tl.zeros([BLOCK], tl.int32)
     below_race = tl.zeros([BLOCK], tl.int32)
     below_mass = tl.zeros([BLOCK], tl.int32)
     for base in range(lo, hi, BLOCK):
-        idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
+        idx, ok, s = _entries(row_ptr, ids_ptr, vals_ptr, LISTED, base, hi, inv_t, BLOCK)
         key, mass = _keys(s, ok, top)
-        z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
-        best, win = _lane_race(z, idx, best, win)
+        if LISTED:
+            z = tl.where(key < race_bound, s + _gumbel_at(seed, counter, idx), float("-inf"))
+            best, win = _lane_race(z, idx, best, win, False)
+        else:
+            z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
+            best, win = _lane_race(z, idx, best, win)
         below_race += tl.where(key < race_bound, mass, 0)
         below_mass += tl.where(key < mass_bound, mass, 0)
     value, w = _race_result(best, win)
@@ -173,14 +200,15 @@ def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
 
 
 @triton.jit
-def _row_kth_key(row_ptr, V, inv_t, top, k, BLOCK: tl.constexpr):
-    """The k-th smallest cut key of a whole row, read from memory: a pass a digit."""
+def _row_kth_key(row_ptr, ids_ptr, vals_ptr, LISTED: tl.constexpr, n, inv_t, top, k, BLOCK: tl.constexpr):
+    """The k-th smallest cut key of a whole row of n entries (with LISTED, of its gathered list's n), read from
+    memory: a pass a digit."""
     prefix = tl.zeros([], tl.int32)
     k_left = k.to(tl.int32)
     for level in tl.static_range(DIGITS):
         counts = tl.zeros([BINS], tl.int32)
-        for base in range(0, V, BLOCK):
-            idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
+        for base in range(0, n, BLOCK):
+            idx, ok, s = _entries(row_ptr, ids_ptr, vals_ptr, LISTED, base, n, inv_t, BLOCK)
             key, _ = _keys(s, ok, top)
             counts += _digit_histogram(key, prefix, level)
         prefix, k_left = _pick_digit(counts, prefix, k_left)
@@ -268,12 +296,12 @@ def _chunk_max(ptr, r, S, SP: tl.constexpr):
 
 
 @triton.jit
-def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R, V, stride_x, CHUNK, S,
-                   G: tl.constexpr, SP: tl.constexpr, C: tl.constexpr, BLOCK: tl.constexpr):
+def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, vals_ptr, R, V, stride_x, CHUNK, S,
+                   G: tl.constexpr, SP: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):
     """For a top-k row program_id(0): the pivot, the largest key in the bin of `PIVOT_DIGITS` leading digits
     that holds the k-th smallest cut key of its chunks' group maxima (every entry when k is more than the
-    groups), then over chunk program_id(1) the ids of the entries whose key is at most the pivot, appended to
-    cand[r] (the first C of them) behind the row's count, which counts them all."""
+    groups), then over chunk program_id(1) the ids and scores of the entries whose key is at most the pivot,
+    appended to cand[r] and vals[r] (the first L of them) behind the row's count, which counts them all."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
@@ -291,18 +319,20 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
             n = tl.sum(near, 0)
             if n > 0:
                 at = tl.atomic_add(count_ptr + r, n) + tl.cumsum(near, 0) - 1
-                tl.store(cand_ptr + r * C + at, idx, mask=(near > 0) & (at < C))
+                keep = (near > 0) & (at < L)
+                tl.store(cand_ptr + r * L + at, idx, mask=keep)
+                tl.store(vals_ptr + r * L + at, s, mask=keep)
 
 
 @triton.jit
-def _gathered_draw(row_ptr, cand_ptr, n, inv_t, top, top_k, top_p, seed, counter, C: tl.constexpr):
+def _gathered_draw(cand_ptr, vals_ptr, n, top, top_k, top_p, seed, counter, C: tl.constexpr):
     """The token of a top-k row from its n (<= C) gathered entries, which hold every entry whose key is at
     most the row's k-th smallest: that key, the race over the kept entries and the top-p rounds, as the
     row's passes would find them, in registers."""
     i = tl.arange(0, C)
     ok = i < n
     idx = tl.load(cand_ptr + i, mask=ok, other=0)
-    s = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
+    s = tl.load(vals_ptr + i, mask=ok, other=float("-inf"))
     key, mass = _keys(s, ok, top)
     bound = _kth_key(key, top_k) + 1
     z = s + _gumbel_at(seed, counter, idx)
@@ -379,9 +409,37 @@ def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x,
 
 
 @triton.jit
-def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, cand_ptr, out_ptr, R, V, stride_x,
-                   S, STAGED: tl.constexpr, GATHER: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
-                   C: tl.constexpr, BLOCK: tl.constexpr):
+def _passes(row_ptr, ids_ptr, vals_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k, top_p, seed,
+            counter, win, race_all, LISTED: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
+            BLOCK: tl.constexpr):
+    """The token of sampled row r by passes over its n entries (the whole row, or with LISTED its gathered list):
+    a top-k row's cut (a pass a digit) and race, the top-p rounds the split programs ran (ROUNDS), then any
+    further rounds a pass each. `win`: the first pass's race winner (rows without top-k)."""
+    bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
+    done = tl.zeros([], tl.int32)
+    if race_all == 0:
+        bound = _row_kth_key(row_ptr, ids_ptr, vals_ptr, LISTED, n, inv_t, top, top_k, BLOCK) + 1
+        win, _, _, _ = _race_pass(row_ptr, 0, n, inv_t, top, seed, counter, bound, bound, BLOCK, ids_ptr, vals_ptr,
+                                  LISTED)
+    raced = bound  # the bound `win` was raced under: every later bound is strictly below it
+    if ROUNDS > 0:  # the rounds the split programs ran
+        win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win, raced,
+                                   race_all & (top_p < 1.0), SP, ROUNDS)
+    if top_p < 1.0:
+        while done == 0:
+            key_win = _key_of(row_ptr, win, inv_t, top, raced)
+            nxt, _, likelier, kept = _race_pass(row_ptr, 0, n, inv_t, top, seed, counter, key_win, bound, BLOCK,
+                                                ids_ptr, vals_ptr, LISTED)
+            done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
+            win = tl.where(done != 0, win, nxt)
+            raced = key_win
+    return win
+
+
+@triton.jit
+def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, cand_ptr, vals_ptr, out_ptr, R, V,
+                   stride_x, S, STAGED: tl.constexpr, GATHER: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
+                   C: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
     row_ptr = x_ptr + r.to(tl.int64) * stride_x
@@ -393,30 +451,20 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, can
         lanes, best, win = _first_pass(row_ptr, 0, V, inv_t, seed, counter, race_all, noisy, BLOCK)
         top = tl.max(lanes, 0)
     if temp > 0:
-        gathered = tl.zeros([], tl.int32) + C + 1  # no gathered entries
+        gathered = tl.zeros([], tl.int32) + L + 1  # no gathered entries
         if GATHER:
             if race_all == 0:
                 gathered = tl.load(count_ptr + r)
+        ids_ptr = cand_ptr + r * L
+        scores_ptr = vals_ptr + r * L
         if gathered <= C:
-            win = _gathered_draw(row_ptr, cand_ptr + r * C, gathered, inv_t, top, top_k, top_p, seed, counter, C)
+            win = _gathered_draw(ids_ptr, scores_ptr, gathered, top, top_k, top_p, seed, counter, C)
+        elif gathered <= L:
+            win = _passes(row_ptr, ids_ptr, scores_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
+                          top_k, top_p, seed, counter, win, race_all, True, 0, SP, BLOCK)
         else:
-            bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
-            done = tl.zeros([], tl.int32)
-            if race_all == 0:
-                bound = _row_kth_key(row_ptr, V, inv_t, top, top_k, BLOCK) + 1
-                win, _, _, _ = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, bound, bound, BLOCK)
-            raced = bound  # the bound `win` was raced under: every later bound is strictly below it
-            if ROUNDS > 0:  # the rounds the split programs ran
-                win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p,
-                                           win, raced, race_all & (top_p < 1.0), SP, ROUNDS)
-            if top_p < 1.0:
-                while done == 0:
-                    key_win = _key_of(row_ptr, win, inv_t, top, raced)
-                    nxt, _, likelier, kept = _race_pass(row_ptr, 0, V, inv_t, top, seed, counter, key_win, bound,
-                                                        BLOCK)
-                    done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
-                    win = tl.where(done != 0, win, nxt)
-                    raced = key_win
+            win = _passes(row_ptr, ids_ptr, scores_ptr, V, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k,
+                          top_p, seed, counter, win, race_all, False, ROUNDS, SP, BLOCK)
     tl.store(out_ptr + r, win.to(tl.int64))
 
 
@@ -473,7 +521,8 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     mass = torch.empty(max(2 * rounds * n, 1), dtype=torch.int64, device=dev)
     lanes = torch.empty(max(groups * n, 1), dtype=torch.float32, device=dev)
     count = torch.empty(R if top_k else 1, dtype=torch.int32, device=dev)
-    cand = torch.empty(R * CANDIDATES if top_k else 1, dtype=torch.int32, device=dev)
+    cand = torch.empty(R * LISTED if top_k else 1, dtype=torch.int32, device=dev)
+    vals = torch.empty(R * LISTED if top_k else 1, dtype=torch.float32, device=dev)
     # No fused multiply-adds: keys and race values round as the reference's separate ops do.
     opts = dict(num_warps=num_warps, enable_fp_fusion=False)
     sp = triton.next_power_of_2(splits)
@@ -481,10 +530,11 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     if staged:
         _first_pass_kernel[(R, splits)](logits, rows, part, wins, lanes, count, *args, G=groups, BLOCK=block, **opts)
     if top_k:
-        _gather_kernel[(R, splits)](logits, rows, part, lanes, count, cand, *args, G=groups, SP=sp, C=CANDIDATES,
+        _gather_kernel[(R, splits)](logits, rows, part, lanes, count, cand, vals, *args, G=groups, SP=sp, L=LISTED,
                                     BLOCK=block, **opts)
     for q in range(rounds):
         _round_kernel[(R, splits)](logits, rows, part, wins, mass, *args, ROUND=q, SP=sp, BLOCK=block, **opts)
-    _sample_kernel[(R,)](logits, rows, part, wins, mass, count, cand, out, R, V, logits.stride(0), splits,
-                         STAGED=staged, GATHER=top_k, ROUNDS=rounds, SP=sp, C=CANDIDATES, BLOCK=block, **opts)
+    _sample_kernel[(R,)](logits, rows, part, wins, mass, count, cand, vals, out, R, V, logits.stride(0), splits,
+                         STAGED=staged, GATHER=top_k, ROUNDS=rounds, SP=sp, C=CANDIDATES, L=LISTED, BLOCK=block,
+                         **opts)
     return out

@@ -121,10 +121,11 @@ def test_the_gathered_entries_are_the_likeliest_and_hold_the_top_k():
     wins = torch.full((R * splits,), -1, dtype=torch.int32)
     lanes = torch.full((groups * R * splits,), float("nan"))
     count = torch.full((R,), -1, dtype=torch.int32)
-    cand = torch.full((R * ts.CANDIDATES,), -1, dtype=torch.int32)
+    cand = torch.full((R * ts.LISTED,), -1, dtype=torch.int32)
+    vals = torch.full((R * ts.LISTED,), float("nan"))
     args = (R, V, x.stride(0), chunk, splits)
     ts._first_pass_kernel[(R, splits)](x, rows, part, wins, lanes, count, *args, G=groups, BLOCK=block)
-    ts._gather_kernel[(R, splits)](x, rows, part, lanes, count, cand, *args, G=groups, SP=sp, C=ts.CANDIDATES,
+    ts._gather_kernel[(R, splits)](x, rows, part, lanes, count, cand, vals, *args, G=groups, SP=sp, L=ts.LISTED,
                                    BLOCK=block)
     inv = (1.0 / rows[0].view(torch.float64)).float()
     scores = x * inv[:, None]
@@ -134,16 +135,20 @@ def test_the_gathered_entries_are_the_likeliest_and_hold_the_top_k():
         k = rows[2, r].item()
         got = cand.view(R, -1)[r, :count[r]].tolist()
         assert len(set(got)) == len(got) and k <= len(got) <= 2 * k
+        assert torch.equal(vals.view(R, -1)[r, :count[r]], scores[r, got])  # each id's score beside it
         pivot = keys[r, got].max()
         assert set(got) == set(torch.nonzero(keys[r] <= pivot)[:, 0].tolist())
         assert pivot >= keys[r].sort().values[k - 1]
 
 
-def test_rows_whose_gathered_entries_overflow_cut_their_whole_row(monkeypatch):
-    """With room for 32 gathered entries, the top-k rows that gather more (k = 40, 50, 300) find their cut over
-    their whole row in their own program, as do the rows of a step told no row has top-k: the reference's tokens,
-    split and whole, beside rows that fit."""
+@pytest.mark.parametrize("listed", [16384, 32])
+def test_rows_whose_gathered_entries_overflow_cut_their_list_or_whole_row(listed, monkeypatch):
+    """With room for 32 gathered entries in registers, the top-k rows that gather more (k = 40, 50, 300) find their
+    cut over their gathered list in memory, or (with room for 32 there too) over their whole row, in their own
+    program, as do the rows of a step told no row has top-k: the reference's tokens, split and whole, beside rows
+    that fit."""
     monkeypatch.setattr(ts, "CANDIDATES", 32)
+    monkeypatch.setattr(ts, "LISTED", listed)
     x = logits_for(2, 3000, 1)[0].expand(64, -1).contiguous()
     params = [(t, k, p, seed, 2) for seed in range(16) for t, k, p in ((1.0, 40, 1.0), (0.9, 5, 0.8),
                                                                      (1.5, 300, 0.6), (0.9, 50, 0.9))]
@@ -154,12 +159,14 @@ def test_rows_whose_gathered_entries_overflow_cut_their_whole_row(monkeypatch):
     assert torch.equal(ts.sample(x, rows, block=256, splits=3, top_k=False), want)
 
 
-@pytest.mark.parametrize("room", [1024, 4])
-def test_the_cut_keeps_ties_and_the_whole_row(room, monkeypatch):
+@pytest.mark.parametrize("room,listed", [(1024, 16384), (4, 16384), (4, 4)])
+def test_the_cut_keeps_ties_and_the_whole_row(room, listed, monkeypatch):
     """The cut on rows whose keys tie across the k-th (every kept tie may win), whose k-th key is the saturated
     bottom one (2^24 - 1: scores 256 or more below the top), and whose k is all but one entry, split and whole,
-    over the gathered entries and (with room for 4) over the whole row: the reference's tokens."""
+    over the gathered entries in registers, (with room for 4 there) in their list, and (room for 4 in both) over the
+    whole row: the reference's tokens."""
     monkeypatch.setattr(ts, "CANDIDATES", room)
+    monkeypatch.setattr(ts, "LISTED", listed)
     x = torch.zeros(4, 500)
     x[0, ::7] = 1.0  # 72 tied tops, k = 5 of them
     x[1, :3] = 400.0  # three far above the rest: the k-th (k = 10) key saturates
