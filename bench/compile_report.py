@@ -149,8 +149,7 @@ def sampler_report(*, chunks: int = 64, arch: int = 90) -> list[dict]:
              + [(ts._sample_kernel, dict(STAGED=True, GATHER=True, ROUNDS=rounds, SP=sp, **room, **tile)),
                 (ts._sample_kernel, dict(STAGED=False, GATHER=False, ROUNDS=0, SP=1, **room, **tile))])
     pointers = {"x_ptr": "*fp32", "rows_ptr": "*i64", "part_ptr": "*fp32", "wins_ptr": "*i32", "mass_ptr": "*i64",
-                "lanes_ptr": "*fp32", "count_ptr": "*i32", "cand_ptr": "*i32", "vals_ptr": "*fp32",
-                "out_ptr": "*i64"}
+                "lanes_ptr": "*fp32", "count_ptr": "*i32", "cand_ptr": "*i32", "out_ptr": "*i64"}
     reports = []
     for fn, const in cases:
         sig = {n: pointers.get(n, "i32") for n in fn.arg_names} | {n: "constexpr" for n in const}

@@ -17,7 +17,7 @@ few passes over the logits, no noise tensor, no sort.
   select in registers (`DIGITS` digits, a histogram each; counts are integers, so the cut is exact),
   races the kept ones and runs any top-p rounds over them, all without reading the row again. A row
   whose gathered entries would not fit `CANDIDATES` (a k of about a thousand or more, or many keys tied at
-  the pivot) runs the same select over its gathered list in memory (`LISTED`, ids and scores), a digit a
+  the pivot) runs the same select over its gathered list in memory (`LISTED` ids), a digit a
   pass, then the race and the rounds a pass each; one whose entries overflow the list too (k above the
   groups' count) runs those passes over its whole row;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
@@ -65,9 +65,10 @@ PIVOT_GROUPS = 2048
 # The pivot's leading digits: with all 4 (the exact k-th group maximum) the gathering pass took 12.7 / 71.8 us at
 # 1 / 64 rows on an H100, with 2 11.5 / 65.3 (export/results, "The sampler's top-k by a pivot").
 PIVOT_DIGITS = tl.constexpr(2)
-# A row's gathered entries (id and score) are kept up to LISTED in memory; the row's program takes up to CANDIDATES
-# of them in registers, and between the two runs its cut, race and rounds as passes over the list (a k of a few
-# thousand: at 1 / 64 / 256 rows on an H100 k = 4,000 took 0.73 / 1.09 / 1.59 ms over the whole row).
+# A row's gathered entries' ids are kept up to LISTED in memory; the row's program takes up to CANDIDATES of them
+# in registers, and between the two runs its cut, race and rounds as passes over the list: on an H100, k = 1,000
+# took 0.037 / 0.229 / 0.581 ms at 1 / 64 / 256 rows so against 0.738 / 1.179 / 1.790 over the whole row. (Keeping
+# each id's score beside it cost the gathering pass 14 registers, a program an SM, and top-k 50 40 %.)
 CANDIDATES = 1024
 LISTED = 16384
 
@@ -82,14 +83,14 @@ def _scores(row_ptr, base, V, inv_temp, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _entries(row_ptr, ids_ptr, vals_ptr, LISTED: tl.constexpr, base, hi, inv_temp, BLOCK: tl.constexpr):
+def _entries(row_ptr, ids_ptr, LISTED: tl.constexpr, base, hi, inv_temp, BLOCK: tl.constexpr):
     """(ids, in-range mask, scores) of tile `base`: of the row (ids base ..), or with LISTED of its gathered
-    list (ids_ptr, vals_ptr: entries base .. of the list, `hi` of them)."""
+    list (ids_ptr: entries base .. of the list, `hi` of them)."""
     if LISTED:
         i = base + tl.arange(0, BLOCK)
         ok = i < hi
         idx = tl.load(ids_ptr + i, mask=ok, other=0)
-        s = tl.load(vals_ptr + i, mask=ok, other=float("-inf"))
+        s = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32) * inv_temp
     else:
         idx, ok, s = _scores(row_ptr, base, hi, inv_temp, BLOCK)
     return idx, ok, s
@@ -145,7 +146,7 @@ def _race_result(best, win):
 
 @triton.jit
 def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_bound, BLOCK: tl.constexpr,
-               ids_ptr=None, vals_ptr=None, LISTED: tl.constexpr = False):
+               ids_ptr=None, LISTED: tl.constexpr = False):
     """One pass over ids lo .. hi-1 (with LISTED, over entries lo .. hi-1 of the row's gathered list): the race
     winner among entries with key < race_bound and its race value, their integer mass, and the integer mass of
     the entries with key < mass_bound. State stays per lane until the end (one reduction per pass, not per
@@ -155,7 +156,7 @@ def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_boun
     below_race = tl.zeros([BLOCK], tl.int32)
     below_mass = tl.zeros([BLOCK], tl.int32)
     for base in range(lo, hi, BLOCK):
-        idx, ok, s = _entries(row_ptr, ids_ptr, vals_ptr, LISTED, base, hi, inv_t, BLOCK)
+        idx, ok, s = _entries(row_ptr, ids_ptr, LISTED, base, hi, inv_t, BLOCK)
         key, mass = _keys(s, ok, top)
         if LISTED:
             z = tl.where(key < race_bound, s + _gumbel_at(seed, counter, idx), float("-inf"))
@@ -200,7 +201,7 @@ def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
 
 
 @triton.jit
-def _row_kth_key(row_ptr, ids_ptr, vals_ptr, LISTED: tl.constexpr, n, inv_t, top, k, BLOCK: tl.constexpr):
+def _row_kth_key(row_ptr, ids_ptr, LISTED: tl.constexpr, n, inv_t, top, k, BLOCK: tl.constexpr):
     """The k-th smallest cut key of a whole row of n entries (with LISTED, of its gathered list's n), read from
     memory: a pass a digit."""
     prefix = tl.zeros([], tl.int32)
@@ -208,7 +209,7 @@ def _row_kth_key(row_ptr, ids_ptr, vals_ptr, LISTED: tl.constexpr, n, inv_t, top
     for level in tl.static_range(DIGITS):
         counts = tl.zeros([BINS], tl.int32)
         for base in range(0, n, BLOCK):
-            idx, ok, s = _entries(row_ptr, ids_ptr, vals_ptr, LISTED, base, n, inv_t, BLOCK)
+            idx, ok, s = _entries(row_ptr, ids_ptr, LISTED, base, n, inv_t, BLOCK)
             key, _ = _keys(s, ok, top)
             counts += _digit_histogram(key, prefix, level)
         prefix, k_left = _pick_digit(counts, prefix, k_left)
@@ -296,12 +297,12 @@ def _chunk_max(ptr, r, S, SP: tl.constexpr):
 
 
 @triton.jit
-def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, vals_ptr, R, V, stride_x, CHUNK, S,
+def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R, V, stride_x, CHUNK, S,
                    G: tl.constexpr, SP: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):
     """For a top-k row program_id(0): the pivot, the largest key in the bin of `PIVOT_DIGITS` leading digits
     that holds the k-th smallest cut key of its chunks' group maxima (every entry when k is more than the
-    groups), then over chunk program_id(1) the ids and scores of the entries whose key is at most the pivot,
-    appended to cand[r] and vals[r] (the first L of them) behind the row's count, which counts them all."""
+    groups), then over chunk program_id(1) the ids of the entries whose key is at most the pivot, appended to
+    cand[r] (the first L of them) behind the row's count, which counts them all."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
@@ -319,20 +320,18 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, va
             n = tl.sum(near, 0)
             if n > 0:
                 at = tl.atomic_add(count_ptr + r, n) + tl.cumsum(near, 0) - 1
-                keep = (near > 0) & (at < L)
-                tl.store(cand_ptr + r * L + at, idx, mask=keep)
-                tl.store(vals_ptr + r * L + at, s, mask=keep)
+                tl.store(cand_ptr + r * L + at, idx, mask=(near > 0) & (at < L))
 
 
 @triton.jit
-def _gathered_draw(cand_ptr, vals_ptr, n, top, top_k, top_p, seed, counter, C: tl.constexpr):
+def _gathered_draw(row_ptr, cand_ptr, n, inv_t, top, top_k, top_p, seed, counter, C: tl.constexpr):
     """The token of a top-k row from its n (<= C) gathered entries, which hold every entry whose key is at
     most the row's k-th smallest: that key, the race over the kept entries and the top-p rounds, as the
     row's passes would find them, in registers."""
     i = tl.arange(0, C)
     ok = i < n
     idx = tl.load(cand_ptr + i, mask=ok, other=0)
-    s = tl.load(vals_ptr + i, mask=ok, other=float("-inf"))
+    s = tl.load(row_ptr + idx, mask=ok, other=float("-inf")).to(tl.float32) * inv_t
     key, mass = _keys(s, ok, top)
     bound = _kth_key(key, top_k) + 1
     z = s + _gumbel_at(seed, counter, idx)
@@ -409,7 +408,7 @@ def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x,
 
 
 @triton.jit
-def _passes(row_ptr, ids_ptr, vals_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k, top_p, seed,
+def _passes(row_ptr, ids_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k, top_p, seed,
             counter, win, race_all, LISTED: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
             BLOCK: tl.constexpr):
     """The token of sampled row r by passes over its n entries (the whole row, or with LISTED its gathered list):
@@ -418,9 +417,8 @@ def _passes(row_ptr, ids_ptr, vals_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, R
     bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
     done = tl.zeros([], tl.int32)
     if race_all == 0:
-        bound = _row_kth_key(row_ptr, ids_ptr, vals_ptr, LISTED, n, inv_t, top, top_k, BLOCK) + 1
-        win, _, _, _ = _race_pass(row_ptr, 0, n, inv_t, top, seed, counter, bound, bound, BLOCK, ids_ptr, vals_ptr,
-                                  LISTED)
+        bound = _row_kth_key(row_ptr, ids_ptr, LISTED, n, inv_t, top, top_k, BLOCK) + 1
+        win, _, _, _ = _race_pass(row_ptr, 0, n, inv_t, top, seed, counter, bound, bound, BLOCK, ids_ptr, LISTED)
     raced = bound  # the bound `win` was raced under: every later bound is strictly below it
     if ROUNDS > 0:  # the rounds the split programs ran
         win, raced, done = _replay(part_ptr, wins_ptr, mass_ptr, row_ptr, r, S, RS, inv_t, top, top_p, win, raced,
@@ -429,7 +427,7 @@ def _passes(row_ptr, ids_ptr, vals_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, R
         while done == 0:
             key_win = _key_of(row_ptr, win, inv_t, top, raced)
             nxt, _, likelier, kept = _race_pass(row_ptr, 0, n, inv_t, top, seed, counter, key_win, bound, BLOCK,
-                                                ids_ptr, vals_ptr, LISTED)
+                                                ids_ptr, LISTED)
             done = (likelier.to(tl.float64) < top_p * kept.to(tl.float64)).to(tl.int32)
             win = tl.where(done != 0, win, nxt)
             raced = key_win
@@ -437,7 +435,7 @@ def _passes(row_ptr, ids_ptr, vals_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, R
 
 
 @triton.jit
-def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, cand_ptr, vals_ptr, out_ptr, R, V,
+def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, cand_ptr, out_ptr, R, V,
                    stride_x, S, STAGED: tl.constexpr, GATHER: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
                    C: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):
     r = tl.program_id(0)
@@ -456,14 +454,13 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, can
             if race_all == 0:
                 gathered = tl.load(count_ptr + r)
         ids_ptr = cand_ptr + r * L
-        scores_ptr = vals_ptr + r * L
         if gathered <= C:
-            win = _gathered_draw(ids_ptr, scores_ptr, gathered, top, top_k, top_p, seed, counter, C)
+            win = _gathered_draw(row_ptr, ids_ptr, gathered, inv_t, top, top_k, top_p, seed, counter, C)
         elif gathered <= L:
-            win = _passes(row_ptr, ids_ptr, scores_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
+            win = _passes(row_ptr, ids_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
                           top_k, top_p, seed, counter, win, race_all, True, 0, SP, BLOCK)
         else:
-            win = _passes(row_ptr, ids_ptr, scores_ptr, V, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k,
+            win = _passes(row_ptr, ids_ptr, V, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k,
                           top_p, seed, counter, win, race_all, False, ROUNDS, SP, BLOCK)
     tl.store(out_ptr + r, win.to(tl.int64))
 
@@ -522,7 +519,6 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     lanes = torch.empty(max(groups * n, 1), dtype=torch.float32, device=dev)
     count = torch.empty(R if top_k else 1, dtype=torch.int32, device=dev)
     cand = torch.empty(R * LISTED if top_k else 1, dtype=torch.int32, device=dev)
-    vals = torch.empty(R * LISTED if top_k else 1, dtype=torch.float32, device=dev)
     # No fused multiply-adds: keys and race values round as the reference's separate ops do.
     opts = dict(num_warps=num_warps, enable_fp_fusion=False)
     sp = triton.next_power_of_2(splits)
@@ -530,11 +526,11 @@ def sample(logits: torch.Tensor, rows: torch.Tensor, block: int = 2048, num_warp
     if staged:
         _first_pass_kernel[(R, splits)](logits, rows, part, wins, lanes, count, *args, G=groups, BLOCK=block, **opts)
     if top_k:
-        _gather_kernel[(R, splits)](logits, rows, part, lanes, count, cand, vals, *args, G=groups, SP=sp, L=LISTED,
+        _gather_kernel[(R, splits)](logits, rows, part, lanes, count, cand, *args, G=groups, SP=sp, L=LISTED,
                                     BLOCK=block, **opts)
     for q in range(rounds):
         _round_kernel[(R, splits)](logits, rows, part, wins, mass, *args, ROUND=q, SP=sp, BLOCK=block, **opts)
-    _sample_kernel[(R,)](logits, rows, part, wins, mass, count, cand, vals, out, R, V, logits.stride(0), splits,
+    _sample_kernel[(R,)](logits, rows, part, wins, mass, count, cand, out, R, V, logits.stride(0), splits,
                          STAGED=staged, GATHER=top_k, ROUNDS=rounds, SP=sp, C=CANDIDATES, L=LISTED, BLOCK=block,
                          **opts)
     return out

@@ -122,10 +122,9 @@ def test_the_gathered_entries_are_the_likeliest_and_hold_the_top_k():
     lanes = torch.full((groups * R * splits,), float("nan"))
     count = torch.full((R,), -1, dtype=torch.int32)
     cand = torch.full((R * ts.LISTED,), -1, dtype=torch.int32)
-    vals = torch.full((R * ts.LISTED,), float("nan"))
     args = (R, V, x.stride(0), chunk, splits)
     ts._first_pass_kernel[(R, splits)](x, rows, part, wins, lanes, count, *args, G=groups, BLOCK=block)
-    ts._gather_kernel[(R, splits)](x, rows, part, lanes, count, cand, vals, *args, G=groups, SP=sp, L=ts.LISTED,
+    ts._gather_kernel[(R, splits)](x, rows, part, lanes, count, cand, *args, G=groups, SP=sp, L=ts.LISTED,
                                    BLOCK=block)
     inv = (1.0 / rows[0].view(torch.float64)).float()
     scores = x * inv[:, None]
@@ -135,7 +134,6 @@ def test_the_gathered_entries_are_the_likeliest_and_hold_the_top_k():
         k = rows[2, r].item()
         got = cand.view(R, -1)[r, :count[r]].tolist()
         assert len(set(got)) == len(got) and k <= len(got) <= 2 * k
-        assert torch.equal(vals.view(R, -1)[r, :count[r]], scores[r, got])  # each id's score beside it
         pivot = keys[r, got].max()
         assert set(got) == set(torch.nonzero(keys[r] <= pivot)[:, 0].tolist())
         assert pivot >= keys[r].sort().values[k - 1]
