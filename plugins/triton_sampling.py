@@ -18,8 +18,8 @@ few passes over the logits, no noise tensor, no sort.
   races the kept ones and runs any top-p rounds over them, all without reading the row again. A row
   whose gathered entries would not fit `CANDIDATES` (a k of about a thousand or more, or many keys tied at
   the pivot) runs the same select over its gathered list in memory (`LISTED` ids), a digit a
-  pass, then the race and the rounds a pass each; one whose entries overflow the list too (k above the
-  groups' count) runs those passes over its whole row;
+  pass, then the race and the rounds a pass each; one whose entries overflow the list too, or whose k is
+  above the groups' count (no pivot: nothing is gathered), runs those passes over its whole row;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -300,18 +300,22 @@ def _chunk_max(ptr, r, S, SP: tl.constexpr):
 def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R, V, stride_x, CHUNK, S,
                    G: tl.constexpr, SP: tl.constexpr, L: tl.constexpr, BLOCK: tl.constexpr):
     """For a top-k row program_id(0): the pivot, the largest key in the bin of `PIVOT_DIGITS` leading digits
-    that holds the k-th smallest cut key of its chunks' group maxima (every entry when k is more than the
-    groups), then over chunk program_id(1) the ids of the entries whose key is at most the pivot, appended to
-    cand[r] (the first L of them) behind the row's count, which counts them all."""
+    that holds the k-th smallest cut key of its chunks' group maxima, then over chunk program_id(1) the ids of the
+    entries whose key is at most the pivot, appended to cand[r] (the first L of them) behind the row's count,
+    which counts them all. A k above the groups' count has no pivot: its row's count says L + 1 (an overflowed
+    list), and its program cuts the whole row."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)
-    if race_all == 0:
+    if (race_all == 0) & (top_k > S * G):
+        if c == 0:
+            tl.store(count_ptr + r, L + 1)
+    elif race_all == 0:
         row_ptr = x_ptr + r.to(tl.int64) * stride_x
         top = _chunk_max(part_ptr, r, S, SP)
         g = tl.arange(0, SP * G)
         maxima = tl.load(lanes_ptr + r * S * G + g, mask=g < S * G, other=float("-inf"))
-        pivot = tl.where(top_k <= S * G, _kth_key(_keys(maxima, g < S * G, top)[0], top_k, PIVOT_DIGITS), KEY_MAX)
+        pivot = _kth_key(_keys(maxima, g < S * G, top)[0], top_k, PIVOT_DIGITS)
         lo = c * CHUNK
         hi = tl.minimum(lo + CHUNK, V)
         for base in range(lo, hi, BLOCK):
