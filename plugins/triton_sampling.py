@@ -67,8 +67,9 @@ PIVOT_GROUPS = 2048
 PIVOT_DIGITS = tl.constexpr(2)
 # A row's gathered entries' ids are kept up to LISTED in memory; the row's program takes up to CANDIDATES of them
 # in registers, and between the two runs its cut, race and rounds as passes over the list: on an H100, k = 1,000
-# took 0.037 / 0.229 / 0.581 ms at 1 / 64 / 256 rows so against 0.738 / 1.179 / 1.790 over the whole row. (Keeping
-# each id's score beside it cost the gathering pass 14 registers, a program an SM, and top-k 50 40 %.)
+# took 0.038 / 0.147 / 0.382 ms at 1 / 64 / 256 rows so, its row's program 14 / 21 / 33 us where over the whole row
+# it took 711 / 964 / 1,225. (Keeping each id's score beside it cost the gathering pass 14 registers, a program an
+# SM, and top-k 50 40 %: export/results, "The sampler's large top-k".)
 CANDIDATES = 1024
 LISTED = 16384
 
