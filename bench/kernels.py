@@ -378,8 +378,8 @@ class OldSampler:
 
 
 # top_k_1000: more gathered entries than the row's program takes in registers (triton_sampling.CANDIDATES), so it
-# cuts its gathered list in memory; top_k_4000: k beyond the pivot's groups (PIVOT_GROUPS), so each row cuts its
-# whole row in its own program (the path rows whose gathered entries overflow the list take).
+# cuts its gathered list in memory; top_k_4000: k beyond the pivot's groups (PIVOT_GROUPS), so each row lists its
+# own entries in its own program (two histogram passes and a listing pass over its row), then cuts that list.
 SAMPLER_KINDS = {"greedy": (0.0, 0, 1.0), "temperature": (1.0, 0, 1.0), "top_k_50": (1.0, 50, 1.0),
                  "top_p_0.9": (1.0, 0, 0.9), "top_k_50_top_p_0.9": (1.0, 50, 0.9), "top_k_1000": (1.0, 1000, 1.0),
                  "top_k_1000_top_p_0.9": (1.0, 1000, 0.9), "top_k_4000": (1.0, 4000, 1.0)}

@@ -18,8 +18,12 @@ few passes over the logits, no noise tensor, no sort.
   races the kept ones and runs any top-p rounds over them, all without reading the row again. A row
   whose gathered entries would not fit `CANDIDATES` (a k of about a thousand or more, or many keys tied at
   the pivot) runs the same select over its gathered list in memory (`LISTED` ids), a digit a
-  pass, then the race and the rounds a pass each; one whose entries overflow the list too, or whose k is
-  above the groups' count (no pivot: nothing is gathered), runs those passes over its whole row;
+  pass, then the race and the rounds a pass each. A row the gathering pass leaves without a list (its k
+  above the groups' count: no pivot; or its entries overflow the list) lists its own: the bin of the
+  `PIVOT_DIGITS` leading digits that holds its k-th key by a histogram pass a digit over its row, and one
+  more pass listing the entries up to that bin's end (3 passes over the row where the cut and race took 5,
+  and every top-p round one more); only if those overflow the list too (more than LISTED entries within a
+  sixteenth of a score unit below its k-th) do the cut, race and rounds pass over its whole row;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -202,19 +206,37 @@ def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
 
 
 @triton.jit
-def _row_kth_key(row_ptr, ids_ptr, LISTED: tl.constexpr, n, inv_t, top, k, BLOCK: tl.constexpr):
+def _row_kth_key(row_ptr, ids_ptr, LISTED: tl.constexpr, n, inv_t, top, k, BLOCK: tl.constexpr,
+                 LEVELS: tl.constexpr = DIGITS):
     """The k-th smallest cut key of a whole row of n entries (with LISTED, of its gathered list's n), read from
-    memory: a pass a digit."""
+    memory: a pass a digit; with LEVELS below DIGITS the largest key of the bin of its first LEVELS digits."""
     prefix = tl.zeros([], tl.int32)
     k_left = k.to(tl.int32)
-    for level in tl.static_range(DIGITS):
+    for level in tl.static_range(LEVELS):
         counts = tl.zeros([BINS], tl.int32)
         for base in range(0, n, BLOCK):
             idx, ok, s = _entries(row_ptr, ids_ptr, LISTED, base, n, inv_t, BLOCK)
             key, _ = _keys(s, ok, top)
             counts += _digit_histogram(key, prefix, level)
         prefix, k_left = _pick_digit(counts, prefix, k_left)
-    return prefix
+    low: tl.constexpr = DIGIT_BITS * (DIGITS - LEVELS)
+    return ((prefix + 1) << low) - 1
+
+
+@triton.jit
+def _list_row(row_ptr, ids_ptr, V, inv_t, top, k, L: tl.constexpr, BLOCK: tl.constexpr):
+    """A top-k row's own gathering, for a row the gathering pass left without a list: the ids of the entries whose
+    key is at most the largest of the bin of `PIVOT_DIGITS` leading digits that holds the row's k-th smallest key
+    (two passes), listed in order (the first L of them) by one more pass; returns how many there are."""
+    bound = _row_kth_key(row_ptr, ids_ptr, False, V, inv_t, top, k, BLOCK, PIVOT_DIGITS)
+    n = tl.zeros([], tl.int32)
+    for base in range(0, V, BLOCK):
+        idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
+        near = (_keys(s, ok, top)[0] <= bound).to(tl.int32)
+        at = n + tl.cumsum(near, 0) - 1
+        tl.store(ids_ptr + at, idx, mask=(near > 0) & (at < L))
+        n += tl.sum(near, 0)
+    return n
 
 
 @triton.jit
@@ -461,12 +483,16 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, can
         ids_ptr = cand_ptr + r * L
         if gathered <= C:
             win = _gathered_draw(row_ptr, ids_ptr, gathered, inv_t, top, top_k, top_p, seed, counter, C)
-        elif gathered <= L:
-            win = _passes(row_ptr, ids_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
-                          top_k, top_p, seed, counter, win, race_all, True, 0, SP, BLOCK)
         else:
-            win = _passes(row_ptr, ids_ptr, V, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k,
-                          top_p, seed, counter, win, race_all, False, ROUNDS, SP, BLOCK)
+            if GATHER:
+                if (race_all == 0) & (gathered > L):  # no list from the gathering pass: the row's own
+                    gathered = _list_row(row_ptr, ids_ptr, V, inv_t, top, top_k, L, BLOCK)
+            if gathered <= L:
+                win = _passes(row_ptr, ids_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
+                              top_k, top_p, seed, counter, win, race_all, True, 0, SP, BLOCK)
+            else:
+                win = _passes(row_ptr, ids_ptr, V, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k,
+                              top_p, seed, counter, win, race_all, False, ROUNDS, SP, BLOCK)
     tl.store(out_ptr + r, win.to(tl.int64))
 
 

@@ -162,19 +162,22 @@ def test_the_cut_keeps_ties_and_the_whole_row(room, listed, monkeypatch):
     """The cut on rows whose keys tie across the k-th (every kept tie may win), whose k-th key is the saturated
     bottom one (2^24 - 1: scores 256 or more below the top), and whose k is all but one entry, split and whole,
     over the gathered entries in registers, (with room for 4 there) in their list, and (room for 4 in both) over the
-    whole row: the reference's tokens."""
+    whole row: the reference's tokens. Rows 2-4 have a k above the pivot's groups (64 a row at 1 chunk, 192 at 3),
+    so they list their own entries (the last, which row 4's top is, included) or cut their whole row."""
     monkeypatch.setattr(ts, "CANDIDATES", room)
     monkeypatch.setattr(ts, "LISTED", listed)
-    x = torch.zeros(4, 500)
+    x = torch.zeros(5, 500)
     x[0, ::7] = 1.0  # 72 tied tops, k = 5 of them
     x[1, :3] = 400.0  # three far above the rest: the k-th (k = 10) key saturates
     x[2] = torch.arange(500.0) / 1000  # k = 499
     x[3, 250:] = -1e-6  # two tied halves, k = 260
-    rows = pack([(1.0, 5, 1.0, 1, 0), (1.0, 10, 0.95, 2, 1), (1.3, 499, 1.0, 3, 2), (1.0, 260, 1.0, 4, 3)])
+    x[4] = torch.arange(500.0) * 10  # the last id far above the rest, k = 499
+    rows = pack([(1.0, 5, 1.0, 1, 0), (1.0, 10, 0.95, 2, 1), (1.3, 499, 1.0, 3, 2), (1.0, 260, 1.0, 4, 3),
+                 (1.0, 499, 1.0, 5, 4)])
     want = reference.sample_ref(x, rows)
     for splits in (1, 3):
         assert torch.equal(ts.sample(x, rows, block=64, splits=splits), want)
-    assert want[0].item() % 7 == 0 and want[1].item() < 3
+    assert want[0].item() % 7 == 0 and want[1].item() < 3 and want[4].item() == 499
 
 
 def test_op_dispatch():
