@@ -87,6 +87,17 @@
 #   then the same with m/fp8 and p36/fp8 (the e4m3 arena at batch 256, past the first context)
 #   any card: the sampler on main (its top_k_4000 case checks the whole-row cut on the GPU), 3 processes:
 #     ARMS="new new new" SAMPLER_CAP=80 bash export/results/s36_h200.sh sampler 250
+# Session 43 (the H200 refused both starts; H100s for five sampler calls; export/results/README.md, "The sampler's
+# large top-k") ran main's top_k_4000 check, the gathered list (top-k 1,000) and no gathering above the groups. Not
+# yet timed: the own listing of a row left without a list (dee7ac6). The next calls, with
+#   git archive --prefix=ab/m/g4rt/ main | tar -x; git archive --prefix=ab/p36/g4rt/ 4aa836a | tar -x
+#   git archive --prefix=ab/p43/g4rt/ e7906e8 | tar -x      # main before the own listing
+#   an H200 (needs_h200): main's scoreboard at batch 64-256 against main before the fma tile (4aa836a), bf16:
+#     STEPS=64,128,256 ARMS="m/bf16 p36/bf16 m/bf16 p36/bf16 m/bf16 p36/bf16" STEPS_CAP=95 bash export/results/s36_h200.sh steps 585
+#   then the same with m/fp8 and p36/fp8
+#   any card: the own listing (top_k_4000) against main before it; a machine's first process of a tree compiles
+#   the sampler's cases from a cold cache for about 130-150 s, so the first of each arm gets 170 s:
+#     ARMS="m p43 m p43 m p43" SAMPLER_CAP=170 bash export/results/s36_h200.sh sampler 560
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
