@@ -1,7 +1,7 @@
 """GPU benchmark of the paged-attention kernels against the machine's own ceilings.
 
     python -m g4rt.bench.kernels --out DIR [--quick]
-    python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3]
+    python -m g4rt.bench.kernels --out DIR --sampler [--sampler-rows 1,64,256] [--reps 3] [--sampler-tiles]
     python -m g4rt.bench.kernels --out DIR --decode-short      # batch-1 decode at short context, split counts
     python -m g4rt.bench.kernels --out DIR --decode-batch      # the 31B's decode at batch 64-256, tiles forced
     python -m g4rt.bench.kernels --out DIR --decode-batch --decode-batch-splits   # ... split counts forced
@@ -460,7 +460,8 @@ def _kernels_ms(fn, calls: int) -> list:
     return [[name, round(ms / calls, 4)] for name, ms in kernel_kinds(prof)["top"]]
 
 
-def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, calls: int = 10) -> list[dict]:
+def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, calls: int = 10,
+                  tiles: bool = False) -> list[dict]:
     """Old (OldSampler) vs new (`g4rt::sample`'s Triton kernel) per row count and kind of row settings.
 
     Before timing, per case: fresh random logits (N(0, 4^2), never zeros) and a poisoned output (-7);
@@ -473,8 +474,9 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
     Then the arms alternate `reps` times, each timed over `calls` calls (`_events_ms`; both through
     their sampler's call, the settings' host-to-device copy included); the new kernel also alone as a
     CUDA-graph replay (`graph_ms`, no host cost) with each of its kernels' GPU ms (`kernels_ms`), and at
-    the smallest and largest row count for other tiles (`SAMPLER_TILES`: same tokens, graph ms), so
-    defaults can follow numbers."""
+    the smallest and largest row count for other tiles with `tiles` (`SAMPLER_TILES`: same tokens, graph ms), so
+    defaults can follow numbers. (Each tile compiles every kernel again: on a GPU's cold cache most of a process's
+    first two minutes.)"""
     from g4rt.plugins import triton_sampling as ts
 
     old, new_sampler = OldSampler(), BatchSampler("triton")
@@ -505,7 +507,7 @@ def sampler_cases(vocab: int = 262144, row_counts=(1, 64, 256), reps: int = 3, c
                 rec[name] = [round(min(ts_), 4), round(statistics.median(ts_), 4), round(max(ts_), 4)]
             rec["graph_ms"] = round(time_ms(lambda: ts.sample(logits, pack, out=out, **hints)), 4)
             rec["kernels_ms"] = _kernels_ms(lambda: ts.sample(logits, pack, out=out, **hints), calls)
-            if rows in (min(row_counts), max(row_counts)) and t > 0.0:  # other tiles, each checked first
+            if tiles and rows in (min(row_counts), max(row_counts)) and t > 0.0:  # other tiles, each checked first
                 rec["tiles"] = []
                 for block, warps in SAMPLER_TILES:
                     out.fill_(-7)
@@ -570,6 +572,9 @@ def main(argv=None):
     ap.add_argument("--sampler", action="store_true", help="only the token sampler, old vs new (sampler_cases)")
     ap.add_argument("--sampler-rows", default="1,64,256", help="row counts --sampler times")
     ap.add_argument("--reps", type=int, default=3, help="alternated repetitions of each --sampler arm")
+    ap.add_argument("--sampler-tiles", action="store_true",
+                    help="with --sampler: also the kernels on other tiles (SAMPLER_TILES), at the smallest and largest "
+                         "row count (each tile compiles every kernel again)")
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times the compiled kernels (on a CPU the interpreter checks them: `make test`)")
@@ -577,7 +582,8 @@ def main(argv=None):
     if args.sampler:
         t_start = time.time()
         res = {"env": {"torch": torch.__version__, "device": torch.cuda.get_device_name()},
-               "sampler": sampler_cases(row_counts=[int(r) for r in args.sampler_rows.split(",") if r], reps=args.reps)}
+               "sampler": sampler_cases(row_counts=[int(r) for r in args.sampler_rows.split(",") if r], reps=args.reps,
+                                        tiles=args.sampler_tiles)}
         res["total_s"] = round(time.time() - t_start, 1)
         with open(os.path.join(args.out, "sampler.json"), "w") as fh:
             json.dump(res, fh, indent=1)

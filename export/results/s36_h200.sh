@@ -95,8 +95,9 @@
 #   an H200 (needs_h200): main's scoreboard at batch 64-256 against main before the fma tile (4aa836a), bf16:
 #     STEPS=64,128,256 ARMS="m/bf16 p36/bf16 m/bf16 p36/bf16 m/bf16 p36/bf16" STEPS_CAP=95 bash export/results/s36_h200.sh steps 585
 #   then the same with m/fp8 and p36/fp8
-#   any card: the own listing (top_k_4000) against main before it; a machine's first process of a tree compiles
-#   the sampler's cases from a cold cache for about 130-150 s, so the first of each arm gets 170 s:
+#   any card: the own listing (top_k_4000) against main before it. A machine's first process of a tree compiled
+#   the sampler's cases from a cold cache for 130-150 s in session 43, most of it the tile sweep, now opt-in
+#   (`--sampler-tiles`, which p43 lacks: its arm still sweeps), so the first of each arm gets 170 s:
 #     ARMS="m p43 m p43 m p43" SAMPLER_CAP=170 bash export/results/s36_h200.sh sampler 560
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
