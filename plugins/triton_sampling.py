@@ -63,8 +63,8 @@ assert SAMPLE_KEY_MAX == (1 << DIGIT_BITS.value * DIGITS.value) - 1
 # pivot its row's program takes in registers. From N(0, 1), N(0, 4^2) and Gumbel logits over 262,144 ids, cut in 1,
 # 2, 5 or 32 chunks, 20 draws each, the exact k-th of a row's 2,048 group maxima gathers at most 54 entries for
 # k = 50, 68 for k = 64 and 287 for k = 256 (export/results, "The sampler's top-k by a pivot"; the two-digit pivot
-# adds its bin's entries above it); a k near the groups' count, or many keys tied at the pivot, can overflow 1,024
-# and then takes the row's own passes.
+# adds its bin's entries above it); a k near the groups' count, or many keys tied at the pivot, can overflow the
+# registers' CANDIDATES and then takes passes over the list.
 PIVOT_GROUPS = 2048
 # The pivot's leading digits: with all 4 (the exact k-th group maximum) the gathering pass took 12.7 / 71.8 us at
 # 1 / 64 rows on an H100, with 2 11.5 / 65.3 (export/results, "The sampler's top-k by a pivot").

@@ -99,6 +99,15 @@
 #   the sampler's cases from a cold cache for 130-150 s in session 43, most of it the tile sweep, now opt-in
 #   (`--sampler-tiles`, which p43 lacks: its arm still sweeps), so the first of each arm gets 170 s:
 #     ARMS="m p43 m p43 m p43" SAMPLER_CAP=170 bash export/results/s36_h200.sh sampler 560
+#   any card: the gathering pass's key loop software-pipelined (`gp`: its next tile's loads in flight, by cp.async
+#   into 8 KB of shared memory, across the per-tile block-wide count and its barrier, which make every warp of a
+#   program wait for the slowest load each tile; the loop reads at about 1.7 TB/s where the first pass, with no
+#   per-tile reduction, reads at the copy bandwidth), built from main:
+#     git archive --prefix=ab/gp/g4rt/ main | tar -x
+#     sed -i '/def _gather_kernel/,/^$/s/in range(lo, hi, BLOCK)/in tl.range(lo, hi, BLOCK, num_stages=2)/' \
+#       ab/gp/g4rt/plugins/triton_sampling.py    # the one loop of _gather_kernel; compiles (Triton 3.6) to 80
+#       registers, 8,448 bytes of shared memory and LDGSTS copies (bench.compile_report --sampler --ir DIR)
+#     ARMS="m gp m gp m gp" SAMPLER_CAP=120 bash export/results/s36_h200.sh sampler 500
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
