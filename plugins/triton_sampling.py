@@ -20,10 +20,11 @@ few passes over the logits, no noise tensor, no sort.
   the pivot) runs the same select over its gathered list in memory (`LISTED` ids), a digit a
   pass, then the race and the rounds a pass each. A row the gathering pass leaves without a list (its k
   above the groups' count: no pivot; or its entries overflow the list) lists its own: the bin of the
-  `PIVOT_DIGITS` leading digits that holds its k-th key by a histogram pass a digit over its row, and one
-  more pass listing the entries up to that bin's end (3 passes over the row where the cut and race took 5,
-  and every top-p round one more); only if those overflow the list too (more than LISTED entries within a
-  sixteenth of a score unit below its k-th) do the cut, race and rounds pass over its whole row;
+  `PIVOT_DIGITS` leading digits that holds its k-th key by a histogram pass a digit over its row, and, where
+  those histograms count at most LISTED entries up to that bin's end, one more pass listing them (3 passes
+  over the row where the cut and race took 5, and every top-p round one more); else (a saturated k-th key,
+  or more than LISTED entries within a sixteenth of a score unit of it) its cut goes on from those digits,
+  and it races and runs its rounds, over its whole row;
 * top-p, by rejection instead of a sort: the race winner j over a candidate set that holds the nucleus
   is in the nucleus iff the integer mass of the entries likelier than j is < top_p x the kept mass; if
   it is, j is the argmax over the nucleus too (the nucleus is a subset), else the nucleus lies within
@@ -176,11 +177,11 @@ def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_boun
 
 
 @triton.jit
-def _digit_histogram(key, prefix, LEVEL: tl.constexpr):
-    """The histogram of digit LEVEL (0 the highest) of the cut keys `key` whose higher digits are `prefix`.
+def _digit_histogram(key, prefix, level):
+    """The histogram of digit `level` (0 the highest) of the cut keys `key` whose higher digits are `prefix`.
     A key past the vocabulary (KEY_MAX + 1) has highest bits above any prefix's. (Fewer, wider digits trade
     histograms for work: a warp's histogram costs a vote a bit and a count a bin.)"""
-    shift: tl.constexpr = DIGIT_BITS * (DIGITS - 1 - LEVEL)
+    shift = DIGIT_BITS * (DIGITS - 1 - level)
     return tl.histogram((key >> shift) & (BINS - 1), BINS, mask=(key >> (shift + DIGIT_BITS)) == prefix)
 
 
@@ -206,29 +207,27 @@ def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
 
 
 @triton.jit
-def _row_kth_key(row_ptr, ids_ptr, LISTED: tl.constexpr, n, inv_t, top, k, BLOCK: tl.constexpr,
-                 LEVELS: tl.constexpr = DIGITS):
-    """The k-th smallest cut key of a whole row of n entries (with LISTED, of its gathered list's n), read from
-    memory: a pass a digit; with LEVELS below DIGITS the largest key of the bin of its first LEVELS digits."""
-    prefix = tl.zeros([], tl.int32)
-    k_left = k.to(tl.int32)
-    for level in tl.static_range(LEVELS):
+def _row_digits(row_ptr, ids_ptr, LISTED: tl.constexpr, n, inv_t, top, prefix, k_left, first, last,
+                BLOCK: tl.constexpr):
+    """Digits first .. last-1 of the k_left-th smallest cut key among the entries, of a whole row of n (with
+    LISTED, of its gathered list's n), whose higher digits are `prefix`, read from memory, a pass a digit:
+    (prefix extended by them, the key's rank within that bin, the bin's count)."""
+    in_bin = tl.zeros([], tl.int32)
+    for level in range(first, last):
         counts = tl.zeros([BINS], tl.int32)
         for base in range(0, n, BLOCK):
             idx, ok, s = _entries(row_ptr, ids_ptr, LISTED, base, n, inv_t, BLOCK)
             key, _ = _keys(s, ok, top)
             counts += _digit_histogram(key, prefix, level)
         prefix, k_left = _pick_digit(counts, prefix, k_left)
-    low: tl.constexpr = DIGIT_BITS * (DIGITS - LEVELS)
-    return ((prefix + 1) << low) - 1
+        in_bin = tl.sum(tl.where(tl.arange(0, BINS) == prefix % BINS, counts, 0), 0)
+    return prefix, k_left, in_bin
 
 
 @triton.jit
-def _list_row(row_ptr, ids_ptr, V, inv_t, top, k, L: tl.constexpr, BLOCK: tl.constexpr):
+def _list_row(row_ptr, ids_ptr, V, inv_t, top, bound, L: tl.constexpr, BLOCK: tl.constexpr):
     """A top-k row's own gathering, for a row the gathering pass left without a list: the ids of the entries whose
-    key is at most the largest of the bin of `PIVOT_DIGITS` leading digits that holds the row's k-th smallest key
-    (two passes), listed in order (the first L of them) by one more pass; returns how many there are."""
-    bound = _row_kth_key(row_ptr, ids_ptr, False, V, inv_t, top, k, BLOCK, PIVOT_DIGITS)
+    key is at most `bound`, listed in order (the first L of them) in one pass; returns how many there are."""
     n = tl.zeros([], tl.int32)
     for base in range(0, V, BLOCK):
         idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
@@ -436,15 +435,16 @@ def _round_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, R, V, stride_x,
 
 @triton.jit
 def _passes(row_ptr, ids_ptr, n, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k, top_p, seed,
-            counter, win, race_all, LISTED: tl.constexpr, ROUNDS: tl.constexpr, SP: tl.constexpr,
-            BLOCK: tl.constexpr):
+            counter, win, race_all, prefix, k_left, first, LISTED: tl.constexpr, ROUNDS: tl.constexpr,
+            SP: tl.constexpr, BLOCK: tl.constexpr):
     """The token of sampled row r by passes over its n entries (the whole row, or with LISTED its gathered list):
-    a top-k row's cut (a pass a digit) and race, the top-p rounds the split programs ran (ROUNDS), then any
-    further rounds a pass each. `win`: the first pass's race winner (rows without top-k)."""
+    a top-k row's cut (a pass a digit from digit `first`, its key the k_left-th of those with higher digits
+    `prefix`) and race, the top-p rounds the split programs ran (ROUNDS), then any further rounds a pass each.
+    `win`: the first pass's race winner (rows without top-k)."""
     bound = tl.full([], KEY_MAX + 1, tl.int32)  # candidates: entries with key < bound
     done = tl.zeros([], tl.int32)
     if race_all == 0:
-        bound = _row_kth_key(row_ptr, ids_ptr, LISTED, n, inv_t, top, top_k, BLOCK) + 1
+        bound = _row_digits(row_ptr, ids_ptr, LISTED, n, inv_t, top, prefix, k_left, first, DIGITS, BLOCK)[0] + 1
         win, _, _, _ = _race_pass(row_ptr, 0, n, inv_t, top, seed, counter, bound, bound, BLOCK, ids_ptr, LISTED)
     raced = bound  # the bound `win` was raced under: every later bound is strictly below it
     if ROUNDS > 0:  # the rounds the split programs ran
@@ -484,15 +484,23 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, can
         if gathered <= C:
             win = _gathered_draw(row_ptr, ids_ptr, gathered, inv_t, top, top_k, top_p, seed, counter, C)
         else:
+            prefix = tl.zeros([], tl.int32)  # the k-th key's leading digits found so far, and its rank among
+            k_left = top_k.to(tl.int32)      # the keys that have them
+            first = tl.zeros([], tl.int32)
             if GATHER:
-                if (race_all == 0) & (gathered > L):  # no list from the gathering pass: the row's own
-                    gathered = _list_row(row_ptr, ids_ptr, V, inv_t, top, top_k, L, BLOCK)
+                if (race_all == 0) & (gathered > L):  # no list from the gathering pass: the row's own, if it fits
+                    prefix, k_left, in_bin = _row_digits(row_ptr, ids_ptr, False, V, inv_t, top, prefix, k_left, 0,
+                                                         PIVOT_DIGITS, BLOCK)
+                    first += PIVOT_DIGITS
+                    if top_k - k_left + in_bin <= L:  # the entries up to the end of the k-th key's bin
+                        low: tl.constexpr = DIGIT_BITS * (DIGITS - PIVOT_DIGITS)
+                        gathered = _list_row(row_ptr, ids_ptr, V, inv_t, top, ((prefix + 1) << low) - 1, L, BLOCK)
             if gathered <= L:
                 win = _passes(row_ptr, ids_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
-                              top_k, top_p, seed, counter, win, race_all, True, 0, SP, BLOCK)
+                              top_k, top_p, seed, counter, win, race_all, prefix, k_left, first, True, 0, SP, BLOCK)
             else:
                 win = _passes(row_ptr, ids_ptr, V, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top, top_k,
-                              top_p, seed, counter, win, race_all, False, ROUNDS, SP, BLOCK)
+                              top_p, seed, counter, win, race_all, prefix, k_left, first, False, ROUNDS, SP, BLOCK)
     tl.store(out_ptr + r, win.to(tl.int64))
 
 

@@ -118,12 +118,13 @@ def test_a_register_cap_reaches_ptxas(tmp_path):
 def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
     """`--sampler`: a JSON line for each kernel `sample()` launches, the split ones at --chunks chunks a row (SP the
     next power of two, the pivot's groups `pivot_groups`) and the row's kernel staged and alone, each with its loops.
-    Both keep the whole-row cut, race and rounds for rows whose gathered entries overflow, and the staged one the
-    same loops over a list for rows whose entries overflow its registers, and the row's own listing (PIVOT_DIGITS
-    histogram passes and a listing pass) for rows the gathering pass left without a list; where the alone one runs
-    the first pass over the row (a loop as long as the split first pass's), the staged one's first loop is the
-    gathered entries' top-p rounds in registers, a fraction of a tile's work."""
-    from g4rt.plugins.triton_sampling import PIVOT_DIGITS, SPLIT_ROUNDS, pivot_groups
+    Both keep the whole-row cut (a loop over digits around a pass each), race and rounds (a loop around a pass)
+    for rows whose gathered entries overflow, and the staged one the same loops over a list for rows whose entries
+    overflow its registers, and the row's own listing (digits again, and a listing pass) for rows the gathering
+    pass left without a list; where the alone one runs the first pass over the row (a loop as long as the split
+    first pass's), the staged one's first loop is the gathered entries' top-p rounds in registers, a fraction of a
+    tile's work."""
+    from g4rt.plugins.triton_sampling import SPLIT_ROUNDS, pivot_groups
 
     r = run("--sampler", "--chunks", "5", "--ir", str(tmp_path))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -133,7 +134,7 @@ def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
     assert lines[1]["constexprs"]["SP"] == 8 and lines[1]["constexprs"]["G"] == pivot_groups(5, 2048) == 512
     assert all(x["registers"] and x["loop_instructions"] for x in lines)
     first, (staged, alone) = lines[0]["loop_instructions"][0], (x["loop_instructions"] for x in lines[-2:])
-    assert len(staged) == 2 * len(alone) + int(PIVOT_DIGITS) and abs(alone[0] - first) < 0.1 * first and staged[0] < first / 3
+    assert len(alone) == 6 and len(staged) == 1 + 3 + 2 * (len(alone) - 1) and abs(alone[0] - first) < 0.1 * first and staged[0] < first / 3
     assert (tmp_path / f"sampler{len(lines) - 1}__sample_kernel.sass").exists()
     assert run("--sampler", "--chunks", "1").returncode == 2
 
