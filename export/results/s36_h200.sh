@@ -89,7 +89,7 @@
 #     ARMS="new new new" SAMPLER_CAP=80 bash export/results/s36_h200.sh sampler 250
 # Session 43 (the H200 refused both starts; H100s for five sampler calls; export/results/README.md, "The sampler's
 # large top-k") ran main's top_k_4000 check, the gathered list (top-k 1,000) and no gathering above the groups. Not
-# yet timed: the own listing of a row left without a list (cf2b5b6). The next calls, with
+# yet timed: the own listing of a row left without a list (cf2b5b6, 08160a5). The next calls, with
 #   git archive --prefix=ab/m/g4rt/ main | tar -x; git archive --prefix=ab/p36/g4rt/ 4aa836a | tar -x
 #   git archive --prefix=ab/p43/g4rt/ e7906e8 | tar -x      # main before the own listing
 #   an H200 (needs_h200): main's scoreboard at batch 64-256 against main before the fma tile (4aa836a), bf16:
