@@ -195,6 +195,13 @@ def _pick_digit(counts, prefix, k_left):
 
 
 @triton.jit
+def _bin_end(prefix, LEVELS: tl.constexpr):
+    """The largest key whose first LEVELS digits are `prefix`."""
+    low: tl.constexpr = DIGIT_BITS * (DIGITS - LEVELS)
+    return ((prefix + 1) << low) - 1
+
+
+@triton.jit
 def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
     """The k-th smallest of the cut keys `key` (a tensor in registers; 1 <= k <= their count), or with LEVELS
     below DIGITS the largest key of the bin of its first LEVELS digits (at least k keys are at most that)."""
@@ -202,8 +209,7 @@ def _kth_key(key, k, LEVELS: tl.constexpr = DIGITS):
     k_left = k.to(tl.int32)
     for level in tl.static_range(LEVELS):
         prefix, k_left = _pick_digit(_digit_histogram(key, prefix, level), prefix, k_left)
-    low: tl.constexpr = DIGIT_BITS * (DIGITS - LEVELS)
-    return ((prefix + 1) << low) - 1
+    return _bin_end(prefix, LEVELS)
 
 
 @triton.jit
@@ -225,6 +231,13 @@ def _row_digits(row_ptr, ids_ptr, LISTED: tl.constexpr, n, inv_t, top, prefix, k
 
 
 @triton.jit
+def _append(ids_ptr, start, near, idx, L: tl.constexpr):
+    """Store the ids `idx` whose `near` is 1, in order, at list positions start .. (the first L of the list)."""
+    at = start + tl.cumsum(near, 0) - 1
+    tl.store(ids_ptr + at, idx, mask=(near > 0) & (at < L))
+
+
+@triton.jit
 def _list_row(row_ptr, ids_ptr, V, inv_t, top, bound, L: tl.constexpr, BLOCK: tl.constexpr):
     """A top-k row's own gathering, for a row the gathering pass left without a list: the ids of the entries whose
     key is at most `bound`, listed in order (the first L of them) in one pass; returns how many there are."""
@@ -232,8 +245,7 @@ def _list_row(row_ptr, ids_ptr, V, inv_t, top, bound, L: tl.constexpr, BLOCK: tl
     for base in range(0, V, BLOCK):
         idx, ok, s = _scores(row_ptr, base, V, inv_t, BLOCK)
         near = (_keys(s, ok, top)[0] <= bound).to(tl.int32)
-        at = n + tl.cumsum(near, 0) - 1
-        tl.store(ids_ptr + at, idx, mask=(near > 0) & (at < L))
+        _append(ids_ptr, n, near, idx, L)
         n += tl.sum(near, 0)
     return n
 
@@ -345,8 +357,7 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
             near = (_keys(s, ok, top)[0] <= pivot).to(tl.int32)
             n = tl.sum(near, 0)
             if n > 0:
-                at = tl.atomic_add(count_ptr + r, n) + tl.cumsum(near, 0) - 1
-                tl.store(cand_ptr + r * L + at, idx, mask=(near > 0) & (at < L))
+                _append(cand_ptr + r * L, tl.atomic_add(count_ptr + r, n), near, idx, L)
 
 
 @triton.jit
@@ -493,8 +504,8 @@ def _sample_kernel(x_ptr, rows_ptr, part_ptr, wins_ptr, mass_ptr, count_ptr, can
                                                          PIVOT_DIGITS, BLOCK)
                     first += PIVOT_DIGITS
                     if top_k - k_left + in_bin <= L:  # the entries up to the end of the k-th key's bin
-                        low: tl.constexpr = DIGIT_BITS * (DIGITS - PIVOT_DIGITS)
-                        gathered = _list_row(row_ptr, ids_ptr, V, inv_t, top, ((prefix + 1) << low) - 1, L, BLOCK)
+                        gathered = _list_row(row_ptr, ids_ptr, V, inv_t, top, _bin_end(prefix, PIVOT_DIGITS), L,
+                                             BLOCK)
             if gathered <= L:
                 win = _passes(row_ptr, ids_ptr, gathered, part_ptr, wins_ptr, mass_ptr, r, S, RS, inv_t, top,
                               top_k, top_p, seed, counter, win, race_all, prefix, k_left, first, True, 0, SP, BLOCK)
