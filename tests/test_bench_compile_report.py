@@ -123,7 +123,7 @@ def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
     overflow its registers, and the row's own listing (digits again, and a listing pass) for rows the gathering
     pass left without a list; where the alone one runs the first pass over the row (a loop as long as the split
     first pass's), the staged one's first loop is the gathered entries' top-p rounds in registers, a fraction of a
-    tile's work."""
+    tile's work. The gathering pass loads its next tile while it counts this one's."""
     from g4rt.plugins.triton_sampling import SPLIT_ROUNDS, pivot_groups
 
     r = run("--sampler", "--chunks", "5", "--ir", str(tmp_path))
@@ -136,6 +136,8 @@ def test_the_samplers_kernels_are_compiled_as_sample_launches_them(tmp_path):
     first, (staged, alone) = lines[0]["loop_instructions"][0], (x["loop_instructions"] for x in lines[-2:])
     assert len(alone) == 6 and len(staged) == 1 + 3 + 2 * (len(alone) - 1) and abs(alone[0] - first) < 0.1 * first and staged[0] < first / 3
     assert (tmp_path / f"sampler{len(lines) - 1}__sample_kernel.sass").exists()
+    # the gathering pass's key loop in two stages: its next tile copied to shared memory while this one is counted
+    assert "LDGSTS" in (tmp_path / "sampler1__gather_kernel.sass").read_text() and lines[1]["shared"] >= 4 * 2048
     assert run("--sampler", "--chunks", "1").returncode == 2
 
 
