@@ -108,6 +108,16 @@
 #       ab/gp/g4rt/plugins/triton_sampling.py    # the one loop of _gather_kernel; compiles (Triton 3.6) to 80
 #       registers, 8,448 bytes of shared memory and LDGSTS copies (bench.compile_report --sampler --ir DIR)
 #     ARMS="m gp m gp m gp" SAMPLER_CAP=120 bash export/results/s36_h200.sh sampler 500
+# Session 44 (three H100 calls, then an H200 for five; export/results/README.md, "The e4m3 arena on an H200") ran
+# the scoreboard above on both arenas, batch 1 of the E2B / E4B / 31B, the first token, the own listing, and the
+# gathering pass in two stages (merged). The next calls, with git archive --prefix=ab/m/g4rt/ main | tar -x:
+#   an H200: the 31B at batch 1 on main against 97aa10c (session 35's main; this session's card ran every
+#   skinny-matmul launch 1.5-2.3 % slower than session 35's, to be told apart from a change of code on one card):
+#     git archive --prefix=ab/p35/g4rt/ 97aa10c | tar -x
+#     MODELS=31b B1_CAP=75 ARMS="m p35 m p35 m p35" bash export/results/s31_h200.sh b1 470
+#   any card: the list's digit passes unrolled again (`for level in tl.static_range(LAST): if level >= first:` in
+#   _row_digits, LAST a constexpr), against main, for top-k 1,000 with top-p, 2.5-7.2 us slower since the own listing:
+#     ARMS="m st m st m st" SAMPLER_CAP=120 bash export/results/s36_h200.sh sampler 500
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
