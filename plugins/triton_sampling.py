@@ -354,7 +354,7 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
         hi = tl.minimum(lo + CHUNK, V)
         # Two stages: the next tile's loads stay in flight across this tile's block-wide count and its barrier,
         # which otherwise make every warp wait for the slowest load a tile (the pass at 64 / 256 rows: 64 / 160
-        # -> 57 / 144 us on an H100, export/results "The sampler's own listing timed").
+        # -> 57 / 144 us on an H100, export/results "The e4m3 arena on an H200").
         for base in tl.range(lo, hi, BLOCK, num_stages=2):
             idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
             near = (_keys(s, ok, top)[0] <= pivot).to(tl.int32)
