@@ -115,6 +115,10 @@
 #   skinny-matmul launch 1.5-2.3 % slower than session 35's, to be told apart from a change of code on one card):
 #     git archive --prefix=ab/p35/g4rt/ 97aa10c | tar -x
 #     MODELS=31b B1_CAP=75 ARMS="m p35 m p35 m p35" bash export/results/s31_h200.sh b1 470
+#   an H200: where the e4m3 step at batch 256 goes (6,317 tok/s at context 240, 2.9 % short of 6,500; never
+#   profiled at 256 rows: session 23's profile stopped at 128, its 16 new tokens gave batch 256 no graph), one process:
+#     PYTHONPATH=$PWD/ab/m python3 -m g4rt.bench.engine --config 31b --skip-hf --engines inductor --batches 256 \
+#       --prompt-len 224 --new-tokens 48 --profile --kv-dtype float8_e4m3fn --out $OUT/p256
 #   any card: the list's digit passes unrolled again (`for level in tl.static_range(LAST): if level >= first:` in
 #   _row_digits, LAST a constexpr), against main, for top-k 1,000 with top-p, 2.5-7.2 us slower since the own listing:
 #     ARMS="m st m st m st" SAMPLER_CAP=120 bash export/results/s36_h200.sh sampler 500
