@@ -164,12 +164,11 @@ def _race_pass(row_ptr, lo, hi, inv_t, top, seed, counter, race_bound, mass_boun
     for base in range(lo, hi, BLOCK):
         idx, ok, s = _entries(row_ptr, ids_ptr, LISTED, base, hi, inv_t, BLOCK)
         key, mass = _keys(s, ok, top)
-        if LISTED:
-            z = tl.where(key < race_bound, s + _gumbel_at(seed, counter, idx), float("-inf"))
-            best, win = _lane_race(z, idx, best, win, False)
+        if LISTED:  # a list's ids come in any order
+            noise = _gumbel_at(seed, counter, idx)
         else:
-            z = tl.where(key < race_bound, s + _gumbel(seed, counter, base, BLOCK), float("-inf"))
-            best, win = _lane_race(z, idx, best, win)
+            noise = _gumbel(seed, counter, base, BLOCK)
+        best, win = _lane_race(tl.where(key < race_bound, s + noise, float("-inf")), idx, best, win, not LISTED)
         below_race += tl.where(key < race_bound, mass, 0)
         below_mass += tl.where(key < mass_bound, mass, 0)
     value, w = _race_result(best, win)
@@ -354,7 +353,7 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
         hi = tl.minimum(lo + CHUNK, V)
         # Two stages: the next tile's loads stay in flight across this tile's block-wide count and its barrier,
         # which otherwise make every warp wait for the slowest load a tile (the pass at 64 / 256 rows: 64 / 160
-        # -> 57 / 144 us on an H100, export/results "The e4m3 arena on an H200").
+        # -> 57 / 145 us on an H100, export/results "The e4m3 arena on an H200").
         for base in tl.range(lo, hi, BLOCK, num_stages=2):
             idx, ok, s = _scores(row_ptr, base, hi, inv_t, BLOCK)
             near = (_keys(s, ok, top)[0] <= pivot).to(tl.int32)
