@@ -260,6 +260,14 @@ def replay_exposure(graph, top: int = 24) -> dict:
                      for e in events if e.get("cat") == "kernel"], top)
 
 
+def replay_context(model, kv_lens: list[int]) -> dict:
+    """The contexts a captured decode graph replays at, its static inputs' `kv_lens` (what the last step that
+    used the graph left there; a padded row's is 1), and the KV bytes its attention reads at them: a profile's
+    attention time is read against the step it replayed, not the run's nominal context."""
+    return {"replay_kv_lens": [min(kv_lens), statistics.median(kv_lens), max(kv_lens)],
+            "replay_kv_bytes": sum(kv_bytes_per_step(model, 1, n) for n in kv_lens)}
+
+
 @torch.inference_mode()
 def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50,
                    matmul_bytes: int | None = None) -> dict:
@@ -279,7 +287,7 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     record = {"stage": "decode_profile", "batch": batch, "graph_key": list(key), "replays": replays,
               "replay_ms_median": round(replay_ms, 3), "replay_ms_min": round(min(times), 3),
               "weight_GBps_at_replay": round(weight_bytes / replay_ms / 1e6, 1),
-              "replay_exposure": replay_exposure(graph)}
+              "replay_exposure": replay_exposure(graph), **replay_context(model, inputs.fields["kv_lens"].tolist())}
     eager_step = ArenaStep(PagedStep(model, engine.geometry), engine.arena.tensor)
     for name, step in (("compiled", engine.compiled), ("eager", eager_step)):
         step(*static)
@@ -291,6 +299,9 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     mm = record["compiled"]["by_kind"].get("matmul", {}).get("ms")
     if mm:
         record["matmul_GBps"] = round((weight_bytes if matmul_bytes is None else matmul_bytes) / mm / 1e6, 1)
+    at = record["compiled"]["by_kind"].get("attention", {}).get("ms")
+    if at:
+        record["attention_GBps"] = round(record["replay_kv_bytes"] / at / 1e6, 1)
     return record
 
 
