@@ -261,22 +261,26 @@ def replay_exposure(graph, top: int = 24) -> dict:
 
 
 def replay_context(model, kv_lens: list[int]) -> dict:
-    """The contexts a captured decode graph replays at, its static inputs' `kv_lens` (what the last step that
-    used the graph left there; a padded row's is 1), and the KV bytes its attention reads at them: a profile's
-    attention time is read against the step it replayed, not the run's nominal context."""
-    return {"replay_kv_lens": [min(kv_lens), statistics.median(kv_lens), max(kv_lens)],
+    """The step a captured decode graph replays, from its static inputs' `kv_lens` (what the last step that used
+    the graph left there): its sequences (`replay_rows`; a padded row's kv_len is 1, a decoding sequence's at least
+    2), their contexts, and the KV bytes its attention reads at them. The last step of a run whose requests started
+    decoding in turn holds fewer sequences than its graph's bucket, so a profile is read against these, not the
+    run's nominal batch and context."""
+    return {"replay_rows": sum(n > 1 for n in kv_lens),
+            "replay_kv_lens": [min(kv_lens), statistics.median(kv_lens), max(kv_lens)],
             "replay_kv_bytes": sum(kv_bytes_per_step(model, 1, n) for n in kv_lens)}
 
 
 @torch.inference_mode()
 def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int, replays: int = 50,
                    matmul_bytes: int | None = None) -> dict:
-    """Where a decode step's time goes. The captured graph of the last decode step, replayed alone, gives
+    """Where a decode step's time goes. The batch's decode graph (its bucket's widest table), replayed alone on
+    what the last step that ran it left in its inputs (`replay_context` says which step that is), gives
     the step's GPU time without the runtime around it; one profiled step of the compiled module and one
     of the eager step (same inputs, same arena) give each kernel's time. Replays rewrite the same K/V.
     `matmul_bytes`: the weight bytes the cuBLAS matmuls read, where other kernels read the rest (a
     mixture-of-experts model's experts); default `weight_bytes`."""
-    key = next((k for k in engine._graphs if k[0] == batch), None)
+    key, _ = _graph_of(engine, batch)
     if key is None:
         raise RuntimeError(f"no decode graph of batch {batch} was captured (captured: {sorted(engine._graphs)}); "
                            f"all {batch} sequences must decode together: more --new-tokens")
@@ -490,12 +494,13 @@ def decode_steps_tokens(batch: int, prompt_len: int, window: int, reps: int) -> 
 
 @torch.inference_mode()
 def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: int, seed: int,
-                 ceil: dict, sampling: dict | None = None) -> list[dict]:
+                 ceil: dict, sampling: dict | None = None, profile: bool = False) -> list[dict]:
     """Steady-state decode of `batch` sequences: host wall per `LLM.step()` against the replay of the
     CUDA graph those steps run, for the overlapped loop and one step at a time, alternated `reps`
     times on the same requests (their prefill runs once, untimed; each arm times `window` steps).
     `sampling`: the requests' temperature / top_k / top_p (SamplingParams fields; request i seeded
-    `seed + i`), default greedy, so the sampler's cost at a setting shows in the step.
+    `seed + i`), default greedy, so the sampler's cost at a setting shows in the step. `profile`: then
+    `decode_profile` of the graph as the last timed step left it, every one of the `batch` sequences decoding.
 
     The caller picks `prompt_len` so that the timed steps stay in one table-width bucket (one graph);
     a capture inside a window would show in `captures_in_window`."""
@@ -536,6 +541,8 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
                         "graph_key": key and list(key), "sampling": sampling,
                         "captures_in_window": len(engine._graphs) - captured,
                         "running_after_window": sum(not s.finished for s in seqs), **r})
+    if profile:
+        out.append(decode_profile(engine, model, batch, weight_bytes_per_step(model, batch)))
     for i in ids:
         llm.cancel(i)
     while llm.has_unfinished():
@@ -692,7 +699,8 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     ok = True
     sampling = {"temperature": a.decode_temperature, "top_k": a.decode_top_k, "top_p": a.decode_top_p}
     stages = [("decode_steps", b, lambda b=b: decode_steps(engine, model, b, step_prompt, window, a.reps,
-                                                               a.seed + b, ceil, sampling)) for b in steps]
+                                                               a.seed + b, ceil, sampling, a.profile))
+              for b in steps]
     stages += [("ttft", n, lambda n=n: ttft(engine, model, n, chunks, a.reps, a.seed, ceil, a.profile))
                for n in prompts]
     for name, arg, run in stages:
@@ -740,8 +748,10 @@ def main(argv=None) -> int:
                     "comma-separated parts, e.g. qkv,gate_up,o_proj,down_proj,lm_head (the forms a step runs)")
     ap.add_argument("--profile", action="store_true",
                     help="after each inductor run: graph replay time, per-kernel time of one decode step, and "
-                         "each launch's exposed time in one replay (replay_exposure); with --ttft, each "
-                         "prompt's prefill kernels by kind")
+                         "each launch's exposed time in one replay (replay_exposure), on the inputs of the run's "
+                         "last decode step (replay_rows: its sequences, fewer than the batch where requests "
+                         "started in turn); with --decode-steps, the same after each batch's timed steps, every "
+                         "sequence decoding; with --ttft, each prompt's prefill kernels by kind")
     ap.add_argument("--runtime-checks", action="store_true", help="also run bench/runtime.py's equality check")
     ap.add_argument("--long-context", type=int, default=0, help="also run one request of this many positions")
     ap.add_argument("--chunk", type=int, default=8192)

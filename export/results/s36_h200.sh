@@ -122,16 +122,13 @@
 #   any card: the list's digit passes unrolled again (`for level in tl.static_range(LAST): if level >= first:` in
 #   _row_digits, LAST a constexpr), against main, for top-k 1,000 with top-p, 2.5-7.2 us slower since the own listing:
 #     ARMS="m st m st m st" SAMPLER_CAP=120 bash export/results/s36_h200.sh sampler 500
-# Session 45 (the H200 refused every start; four H100 calls; export/results/README.md, "Where the 31B's serving steps
-# go by launch on an H100") added the `profile` part: one profiled process each of $PROFILES (BATCH/KV, default
-# "64/bf16 64/fp8 256/fp8"), `bench.engine --config 31b --skip-hf --engines inductor --batches BATCH --prompt-len
-# ${PROMPT:-224} --new-tokens ${NEW:-48} --profile`, records in $OUT/profile_31b.jsonl, each decode_profile with the
-# contexts its graph replayed and its attention's bytes over its time (`replay_kv_lens`, `attention_GBps`, from
-# this session on). The next calls (the H100 does not hold the bf16 arena at batch 64 and context 272, nor either
-# arena at 256):
-#   an H100 or H200: PROMPT=128 NEW=32 PROFILES="64/bf16 64/fp8" bash export/results/s36_h200.sh profile 330
-#     (this session's bf16 profile at batch 64 read its attention at more than the copy bandwidth for the bytes of
-#     its nominal context 159; the replayed contexts tell whether the graph replayed that step)
+# Session 45 (the H200 refused every start; five H100 calls; export/results/README.md, "Where the 31B's batch-64
+# step goes by launch on an H100") added the `profile` part: one profiled process each of $PROFILES (BATCH/KV, default
+# "64/bf16 64/fp8 256/fp8"), `bench.engine --config 31b --skip-hf --batches "" --engines inductor --decode-steps
+# BATCH --reps 1 --profile`: the steady steps, then `decode_profile` with every sequence of the batch decoding (its
+# `replay_rows`), records in $OUT/profile_31b.jsonl. (Its calls 1-2 profiled `--batches BATCH --prompt-len P
+# --new-tokens N` runs instead, whose last step held about half the batch: the results section says how.)
+# The next calls (the H100 does not hold either arena at batch 256):
 #   an H200 (needs_h200): PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_CAP=170 bash export/results/s36_h200.sh profile 560
 #     (where batch 256 goes: 9 ms above its serial floor at context 188, session 44's replays)
 #   then the calls of session 44 above.
@@ -171,7 +168,7 @@ case $PART in
   profile) for spec in ${PROFILES:-64/bf16 64/fp8 256/fp8}; do  # BATCH/KV: one profiled process each, no arms
            kv=(); [ "${spec#*/}" = fp8 ] && kv=(--kv-dtype float8_e4m3fn)
            run_arm /tmp/pkg "${spec//\//-}" 1 profile_31b "${PROFILE_CAP:-160}" engine --config 31b --skip-hf \
-             --engines inductor --batches "${spec%/*}" --prompt-len "${PROMPT:-224}" --new-tokens "${NEW:-48}" --profile "${kv[@]}"
+             --batches "" --engines inductor --decode-steps "${spec%/*}" --reps 1 --profile "${kv[@]}"
          done ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
