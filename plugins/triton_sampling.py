@@ -336,7 +336,7 @@ def _gather_kernel(x_ptr, rows_ptr, part_ptr, lanes_ptr, count_ptr, cand_ptr, R,
     that holds the k-th smallest cut key of its chunks' group maxima, then over chunk program_id(1) the ids of the
     entries whose key is at most the pivot, appended to cand[r] (the first L of them) behind the row's count,
     which counts them all. A k above the groups' count has no pivot: its row's count says L + 1 (an overflowed
-    list), and its program cuts the whole row."""
+    list), and its program lists its own entries or cuts its whole row (`_sample_kernel`)."""
     r = tl.program_id(0)
     c = tl.program_id(1)
     temp, top_p, top_k, seed, counter, inv_t, race_all, noisy = _row_settings(rows_ptr, R, r, V)

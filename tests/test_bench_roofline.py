@@ -37,8 +37,8 @@ def test_past_the_window_only_the_full_layers_read_more_kv(e2b):
 
 def test_a_profile_states_the_contexts_its_graph_replayed(e2b):
     """A decode profile replays the graph on what its last step left in the static inputs: padded rows (kv_len
-    1) beside the sequences that step decoded. Below the window (8 keys in the tiny E2B) a row's KV bytes grow with its context alone,
-    so rows at 3 and 7 read what two rows at 5 read; a padded row reads its one position."""
+    1) beside the sequences that step decoded. Below the window (8 keys in the tiny E2B) a row's KV bytes grow
+    with its context alone, so rows at 3 and 7 read what two rows at 5 read; a padded row reads its one position."""
     ctx = replay_context(e2b, [3, 7, 1, 1])
     assert ctx["replay_rows"] == 2 and ctx["replay_kv_lens"] == [1, 2.0, 7]
     assert ctx["replay_kv_bytes"] == kv_bytes_per_step(e2b, 2, 5) + kv_bytes_per_step(e2b, 2, 1)
