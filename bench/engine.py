@@ -726,6 +726,10 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="31b")
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--layers", type=int, default=0,
+                    help="only the config's first N layers (its pattern kept; Gemma4Config.first_layers): the "
+                         "step of a shallower model of the same layer shapes, e.g. the 31B's first 30 layers at "
+                         "batch 256 on an 80 GB card; every record's roofline counts that model's bytes")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -805,13 +809,16 @@ def main(argv=None) -> int:
     ceil = ceilings(quick=False)
     bw = ceil["copy_GBps"] * 1e9
     t0 = time.perf_counter()
-    model = random_model(load_config(a.config), dtype=torch.bfloat16, device="cuda", seed=a.seed, init=a.init,
+    config = load_config(a.config)
+    if a.layers:
+        config = config.first_layers(a.layers)
+    model = random_model(config, dtype=torch.bfloat16, device="cuda", seed=a.seed, init=a.init,
                          kv_dtype=a.kv_dtype)
     wbytes = weight_bytes_per_step(model)
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
-         "kv_dtype": model.layout.dtype, "blas": str(torch.backends.cuda.preferred_blas_library()),
-         "bf16_reduced_reduction": a.bf16_reduction,
+         "layers": config.num_hidden_layers, "kv_dtype": model.layout.dtype,
+         "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
          "shared_carveout": a.shared_carveout,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})

@@ -176,8 +176,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     cfg = load_config(a.config)
     if a.layers:
-        cfg = dataclasses.replace(cfg, num_hidden_layers=a.layers, layer_types=cfg.layer_types[:a.layers],
-                                  num_kv_shared_layers=0)
+        cfg = cfg.first_layers(a.layers)
     model = random_model(cfg, dtype=getattr(torch, a.dtype), device=a.device, seed=a.seed, kernels=a.kernels)
     log_json(a.out, {"check": "build", "config": a.config, "dtype": a.dtype, "layers": cfg.num_hidden_layers, "seconds": round(time.perf_counter() - t0, 1),
                  "gpu": torch.cuda.get_device_name() if a.device == "cuda" else "cpu", "torch": torch.__version__})

@@ -8,7 +8,7 @@ value of the wrong kind is an error that names the key.
 from __future__ import annotations
 
 import json
-from dataclasses import MISSING, asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields, replace
 from pathlib import Path
 
 CONFIG_DIR = Path(__file__).parent / "configs"
@@ -116,6 +116,14 @@ class Gemma4Config:
         if not same:
             raise ConfigError(f"layer {layer} is KV-shared but no earlier {self.layer_types[layer]} layer owns a cache")
         return same[-1]
+
+    def first_layers(self, n: int) -> "Gemma4Config":
+        """The first `n` layers as a model of their own (the layer pattern kept, no KV-shared layers): a
+        shallower model of the same layer shapes, for a bench on a card too small for the whole one (the
+        31B at batch 256 on an 80 GB H100), whose per-layer costs are the whole model's."""
+        if not 1 <= n <= self.num_hidden_layers:
+            raise ConfigError(f"first_layers: n must be in [1, num_hidden_layers = {self.num_hidden_layers}], got {n}")
+        return replace(self, num_hidden_layers=n, layer_types=self.layer_types[:n], num_kv_shared_layers=0)
 
     def to_hf_text_config(self) -> dict:
         """The HF `text_config` dict that reproduces this config (used to write checkpoints)."""

@@ -64,6 +64,17 @@ def test_numbers_take_json_integers_and_configs_load_as_before():
         assert load_config(name).hidden_size > 0
 
 
+def test_first_layers_keep_the_pattern_and_name_a_bad_count():
+    whole = load_config("31b")
+    half = whole.first_layers(30)
+    assert (half.num_hidden_layers, half.layer_types) == (30, whole.layer_types[:30])
+    assert [half.layer_head_dim(i) for i in range(30)] == [whole.layer_head_dim(i) for i in range(30)]
+    assert load_config("e2b").first_layers(20).num_kv_shared_layers == 0  # no layer past the cut to share with
+    for n in (0, 61):
+        with pytest.raises(ConfigError, match=rf"n must be in \[1, num_hidden_layers = 60\], got {n}"):
+            whole.first_layers(n)
+
+
 @pytest.mark.parametrize("text, message", [
     ({"hidden_activation": "relu"}, "hidden_activation must be gelu_pytorch_tanh or gelu_tanh .*, got 'relu'"),
     ({"num_kv_shared_layers": 60}, r"num_kv_shared_layers must be in \[0, num_hidden_layers = 60\), got 60"),

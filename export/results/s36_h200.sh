@@ -132,6 +132,9 @@
 #   an H200 (needs_h200): PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_CAP=170 bash export/results/s36_h200.sh profile 560
 #     (where batch 256 goes: 9 ms above its serial floor at context 188, session 44's replays)
 #   then the calls of session 44 above.
+# Session 46: bench.engine's `--layers N` runs the config's first N layers (Gemma4Config.first_layers), so an H100
+# holds the 31B's per-layer step at batch 256: $PROFILE_ARGS adds flags to each profiled process, e.g.
+#   PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_ARGS="--layers 30" PROFILE_CAP=150 bash export/results/s36_h200.sh profile 560
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
@@ -168,7 +171,7 @@ case $PART in
   profile) for spec in ${PROFILES:-64/bf16 64/fp8 256/fp8}; do  # BATCH/KV: one profiled process each, no arms
            kv=(); [ "${spec#*/}" = fp8 ] && kv=(--kv-dtype float8_e4m3fn)
            run_arm /tmp/pkg "${spec//\//-}" 1 profile_31b "${PROFILE_CAP:-160}" engine --config 31b --skip-hf \
-             --batches "" --engines inductor --decode-steps "${spec%/*}" --reps 1 --profile "${kv[@]}"
+             --batches "" --engines inductor --decode-steps "${spec%/*}" --reps 1 --profile "${kv[@]}" ${PROFILE_ARGS:-}
          done ;;
   *) echo "unknown PART $PART"; exit 2 ;;
 esac
