@@ -7,7 +7,8 @@
 (plugins/triton_gemv.py), and `gelu_linear` the gated GELU of one (the MLP's packed gate/up, the PLE gate),
 which that kernel forms in its epilogue; `add_norm_gelu_linear` a residual step and the gated GELU of a
 projection of it, whose norms the kernel forms in its prologue; `add_norm_linear` a layer's tail and the next
-layer's first projection (one launch at batch 1 on Hopper, plugins/gluon_gemv.py).
+layer's first projection (one launch at batch 1 on Hopper, plugins/gluon_gemv.py); `softcap_logits` the
+logits' softcap and their cast to fp32 (`softcap_logits_` into a buffer the caller owns).
 `block(name, kernels, *args)` runs one of them: with `kernels == "triton"` as the opaque custom op
 `g4rt::<name>` (plugins/triton_norm.py, triton_moe.py, triton_gemv.py), which the eager and the compiled
 engine both call, so they compute the same bits; with `"reference"` as the plain torch code below
@@ -140,7 +141,21 @@ def route(logits: torch.Tensor, per_expert_scale: torch.Tensor, top_k: int) -> t
     return w * per_expert_scale[idx], idx
 
 
+def softcap_logits(x: torch.Tensor, cap: float | None) -> torch.Tensor:
+    """The lm_head's output `x` -> fp32 logits: Gemma's final softcap tanh(x / cap) * cap in x's dtype (as HF
+    computes it), then fp32; no softcap where `cap` is None."""
+    if cap is not None:
+        x = torch.tanh(x / cap) * cap
+    return x.float()
+
+
+def softcap_logits_(x: torch.Tensor, cap: float | None, out: torch.Tensor) -> None:
+    """`softcap_logits` into `out` (fp32, x's shape): the decode graphs' shared logits buffer."""
+    out.copy_(softcap_logits(x, cap))
+
+
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_rms_norm": add_rms_norm,
              "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
-             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear, "add_norm_linear": add_norm_linear}
+             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear, "add_norm_linear": add_norm_linear,
+             "softcap_logits": softcap_logits, "softcap_logits_": softcap_logits_}

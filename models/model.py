@@ -437,10 +437,12 @@ class Gemma4Model(nn.Module):
         # the last layer's tail and the final norm, one block
         return block("add_rms_norm", self.kernels, h, m, tail[0], self.norm.weight, self.norm.eps, tail[1])[1]
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """final-normed hidden rows [R, H] -> fp32 logits [R, vocab]: tied lm_head, softcap in model dtype."""
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """final-normed hidden rows [R, H] -> fp32 logits [R, vocab]: tied lm_head, softcap in model dtype;
+        written into `out` where given (the buffer the inductor engine's decode graphs share) and returned."""
         x = block("skinny_linear", self.kernels, hidden, self.embed_tokens.weight)
         cap = self.config.final_logit_softcapping
-        if cap is not None:
-            x = torch.tanh(x / cap) * cap
-        return x.float()
+        if out is None:
+            return block("softcap_logits", self.kernels, x, cap)
+        block("softcap_logits_", self.kernels, x, cap, out)
+        return out

@@ -89,12 +89,13 @@ class PagedStep(nn.Module):
         return attention
 
     def forward(self, arena, token_ids, positions, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
-                full_table, full_slots, logits_rows):
+                full_table, full_slots, logits_rows, logits_out=None):
+        """`logits_out`: a buffer of the logits' shape the logits are written into (`Gemma4Model.logits`)."""
         attention = self.attention_over(arena, cu_q, kv_lens, sliding_table, sliding_first, sliding_slots,
                                         full_table, full_slots)
         hidden = (padded_forward(self.model, token_ids, positions, attention) if self.pad_tokens
                   else self.model(token_ids, positions, attention))
-        logits = self.model.logits(hidden.index_select(0, logits_rows.long()))
+        logits = self.model.logits(hidden.index_select(0, logits_rows.long()), logits_out)
         return (logits, attention.arena) if self.functional else logits
 
 

@@ -90,6 +90,50 @@ def test_gelu_tanh_mul_refuses_mismatched_shapes():
         tn.gelu_tanh_mul(torch.zeros(4), torch.zeros(5))
 
 
+@pytest.mark.parametrize("shape", [(1, 1000), (3, 4097), (0, 64)])
+@pytest.mark.parametrize("cap", [30.0, None])
+def test_softcap_logits_matches_reference(shape, cap):
+    """The one-launch softcap writes into a poisoned fp32 buffer what the reference computes in bf16, every value
+    a bf16 one. The kernel divides by cap as CUDA torch does, by its fp32 reciprocal (CPU torch divides), so it is
+    held to the reference in that form. Loosely: the interpreter rounds fp32 to bf16 toward zero (the GPU to
+    nearest), an ulp at each of the three roundings, and its tanh is not CUDA's; tests/test_logits_gpu.py asks
+    for torch's bits on the GPU."""
+    g = torch.Generator().manual_seed(shape[1])
+    x = (torch.randn(shape, generator=g) * torch.exp(2 * torch.randn(shape, generator=g))).to(torch.bfloat16)
+    out = torch.full(shape, float("nan"))
+    tn.softcap_logits_(x, cap, out)
+    want = (torch.tanh(x * float(torch.tensor(1.0) / cap)) * cap).float() if cap else x.float()
+    assert torch.equal(out.bfloat16().float(), out)
+    assert_within_ulps(out.bfloat16(), want.bfloat16(), 4.0)
+    if cap is not None and x.numel():
+        assert out.abs().max() <= cap and (out.abs() > 0.99 * cap).any()  # the tails saturate at the cap
+
+
+def test_softcap_logits_refuses_an_out_it_cannot_fill():
+    x = torch.zeros(2, 8, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match=r"out must be contiguous and of x's shape \(2, 8\), got \(2, 4\)"):
+        tn.softcap_logits_(x, 30.0, torch.empty(2, 4))
+    with pytest.raises(ValueError, match=r"got \(2, 8\) with strides \(1, 2\)"):
+        tn.softcap_logits_(x, 30.0, torch.empty(8, 2).t())
+
+
+@pytest.mark.parametrize("kernels", ["reference", "triton"])
+def test_logits_into_a_buffer_equal_the_returned_ones(kernels):
+    """`Gemma4Model.logits(hidden, out)` (the inductor engine's decode graphs write the buffer they share) gives
+    the bits of `logits(hidden)`, and returns `out` itself."""
+    from conftest import tiny_config
+
+    from g4rt.models.model import Gemma4Model
+    model = Gemma4Model(tiny_config("31b", dtype="bfloat16"), torch.bfloat16, "cpu")
+    torch.nn.init.normal_(model.embed_tokens.weight, std=2.0, generator=torch.Generator().manual_seed(0))
+    model.set_kernels(kernels)
+    hidden = torch.randn(3, model.config.hidden_size, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    buffer = torch.full((5, model.config.vocab_size), float("nan"))
+    got = model.logits(hidden, buffer[:3])
+    assert got.data_ptr() == buffer.data_ptr() and torch.isnan(buffer[3:]).all()
+    assert torch.equal(got, model.logits(hidden)) and got.abs().max() > 1
+
+
 def test_blocks_dispatch_by_the_kernels_setting(monkeypatch):
     """`blocks.block` runs the torch reference for kernels="reference" and the custom op (the kernel)
     for "triton"; a model's `set_kernels` reaches every module that runs a block, and an unknown value

@@ -108,8 +108,8 @@ class ArenaStep(torch.nn.Module):
         self.paged = paged
         self.register_buffer("arena", arena, persistent=False)
 
-    def forward(self, *batch: torch.Tensor) -> torch.Tensor:
-        return self.paged(self.arena, *batch)
+    def forward(self, *batch: torch.Tensor, logits_out: torch.Tensor | None = None) -> torch.Tensor:
+        return self.paged(self.arena, *batch, logits_out=logits_out)
 
 
 # Row counts Dynamo compiles a piece apart for, with dynamic shapes: one row (it specialises sizes of 1) and more.
@@ -257,8 +257,9 @@ class InductorEngine:
     # ---- decode graphs -------------------------------------------------------------------------
     def _graph_for(self, key):
         """The decode graph of bucket `key`, captured on first use. Its inputs are views of one device
-        buffer that a pinned host twin fills (one copy per step); its output is a view of one logits
-        buffer shared by every graph, so more buckets cost no more than their intermediates."""
+        buffer that a pinned host twin fills (one copy per step); it writes its logits into one buffer
+        shared by every graph (the softcap's launch writes them there), so more buckets cost no more than
+        their intermediates."""
         if key not in self._graphs:
             b = key[0]
             hosts = [DecodeInputs(*key, pin=True) for _ in range(2)]
@@ -271,12 +272,12 @@ class InductorEngine:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
-                for _ in range(2):  # compile + warm up outside capture
-                    self.compiled(*device.views)
+                for _ in range(2):  # compile + warm up outside capture, called as captured
+                    self.compiled(*device.views, logits_out=self._logits[:b])
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self._pool):
-                self._logits[:b].copy_(self.compiled(*device.views))
+                self.compiled(*device.views, logits_out=self._logits[:b])
             self._pool = graph.pool()
             graph.replay()  # on the dummy batch: the first launch uploads the graph (warmup says why)
             self._graphs[key] = (graph, hosts, device)
