@@ -217,10 +217,11 @@ class ParallelGemma4Model(Gemma4Model):
                 layer.experts = ParallelExperts(local, tp, dtype, device)
         self.set_kernels(self.kernels)  # the new modules take the model's kernels too
 
-    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """This rank's vocab columns, gathered in the model dtype (the values are model-dtype ones)."""
-        local = super().logits(hidden)
-        return all_gather_last(local.to(self.dtype), self.tp).float()
+    def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's vocab columns, gathered in the model dtype (the values are model-dtype ones); into `out`
+        where given, as `Gemma4Model.logits`."""
+        whole = all_gather_last(super().logits(hidden).to(self.dtype), self.tp).float()
+        return whole if out is None else out.copy_(whole)
 
 
 # ---- loading ----------------------------------------------------------------------------------------
