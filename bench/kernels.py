@@ -164,16 +164,30 @@ class Case:
     hkv: int
     page: int
     wl: int
+    k_off: int = 0  # of the layer's K in a frame; its V follows
 
     def args(self):
         blk = self.page * self.hkv * self.q.shape[2]
-        return (self.q, self.arena, self.cu_q, self.kv_lens, self.table, self.first, 0, blk, self.page, self.hkv,
-                self.wl, 1.0)
+        return (self.q, self.arena, self.cu_q, self.kv_lens, self.table, self.first, self.k_off, self.k_off + blk,
+                self.page, self.hkv, self.wl, 1.0)
 
 
-def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE):
+def engine_frame(layer: str, kv_dtype) -> tuple[int, int]:
+    """(frame elements, K offset) of `layer` in its model's engine arena (PageGeometry of its config, KV in
+    `kv_dtype`): a frame holds a page of every layer of the group, and the layer is the group's middle one."""
+    size, group = layer.split("-")
+    layout = KVLayout.from_config(load_config(SIZES[size]), kv_dtype)
+    geometry = PageGeometry.build(layout)
+    owners = getattr(layout, group).layers
+    return geometry.frame_elems, geometry.offsets[owners[len(owners) // 2]][0]
+
+
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, spread=False):
     """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled, the arena in
-    `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`."""
+    `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
+    layer's page alone, unless `spread`: then it is as large as the engine's (`engine_frame`, 13.1 MB for the 31B's
+    sliding group in bf16), the layer's page at its offset and the rest never written, so the layer's KV lies
+    spread over as much memory as the engine's."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
@@ -182,11 +196,20 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE):
     m = math.ceil(ctx / page) - first
     g = torch.Generator(device="cuda").manual_seed(seed)
     frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
-    arena = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g).to(kv_dtype)
+    kv = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g).to(kv_dtype)
+    k_off = 0
+    if spread:
+        frame_elems, k_off = engine_frame(layer, kv_dtype)
+        arena = torch.empty(kv.shape[0], frame_elems, device="cuda", dtype=kv.dtype)
+        arena[:, k_off:k_off + kv.shape[1]] = kv
+        del kv
+    else:
+        arena = kv
     q = torch.randn(batch * q_len, hq, d, device="cuda", dtype=DTYPE, generator=g)
     i32 = dict(device="cuda", dtype=torch.int32)
     return Case(q, arena, torch.arange(batch + 1, **i32) * q_len, torch.full((batch,), ctx, **i32),
-                frames[:batch * m].view(batch, m).contiguous(), torch.full((batch,), first, **i32), hkv, page, wl)
+                frames[:batch * m].view(batch, m).contiguous(), torch.full((batch,), first, **i32), hkv, page, wl,
+                k_off)
 
 
 def visible_keys(ctx, q_len, wl):
@@ -210,8 +233,8 @@ def reference_rows(case, rows_b):
     g = hq // case.hkv
     outs = []
     for b in rows_b:
-        k, v, k_pos = reference.gather_kv(case.arena, case.table[b], int(case.first[b]), int(case.kv_lens[b]), 0,
-                                case.page * case.hkv * d, case.page, case.hkv, d)
+        k, v, k_pos = reference.gather_kv(case.arena, case.table[b], int(case.first[b]), int(case.kv_lens[b]),
+                                          case.k_off, case.k_off + case.page * case.hkv * d, case.page, case.hkv, d)
         p = int(case.kv_lens[b]) - 1
         keep = k_pos >= p - case.wl if case.wl >= 0 else torch.ones_like(k_pos, dtype=torch.bool)
         k, v = k[keep].float(), v[keep].float()
@@ -229,7 +252,7 @@ def contiguous_kv(case, n):
     frames = case.arena[case.table.long()]  # [B, M, frame]
     start = int(case.kv_lens[0]) - int(case.first[0]) * case.page - n
     out = []
-    for lo in (0, blk):
+    for lo in (case.k_off, case.k_off + blk):
         x = frames[..., lo:lo + blk].reshape(b, m * case.page, case.hkv, d)[:, start:start + n]
         out.append(x.transpose(1, 2).contiguous())
     del frames
@@ -242,14 +265,15 @@ def _flex():
 
 
 def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False,
-                kv_dtype=DTYPE):
+                kv_dtype=DTYPE, spread=False):
     hq, hkv, d, window, page = LAYERS[layer]
-    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype)
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, spread=spread)
     _, read = visible_keys(ctx, 1, case.wl)
     kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
     io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
     rec = {"layer": layer, "batch": batch, "ctx": ctx, "page_size": page, "whole_table": whole,
-           "kv_dtype": str(case.arena.dtype).removeprefix("torch."), "kv_bytes_read": kv_bytes, "config": config}
+           "kv_dtype": str(case.arena.dtype).removeprefix("torch."), "kv_bytes_read": kv_bytes, "config": config,
+           "frame_elems": case.arena.shape[1]}
     if splits is None:
         max_keys = case.table.shape[1] * page if case.wl < 0 else min(case.table.shape[1] * page, case.wl + 1)
         splits = ta.decode_splits(batch, hkv, max_keys, d, case.q.device)
@@ -568,6 +592,9 @@ def main(argv=None):
                          f"{','.join(map(str, BATCH_SIZES))})")
     ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
                     help="with --decode-batch: the arena's dtype (float8_e4m3fn: the one-byte arena)")
+    ap.add_argument("--spread-frames", action="store_true",
+                    help="with --decode-batch: frames as large as the engine's, the layer's page at its offset in "
+                         "each (build's `spread`): its KV as spread over memory as in a step")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
                     help="step sizes in tokens --norms times, comma-separated")
@@ -627,7 +654,8 @@ def main(argv=None):
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
-                            splits=splits, sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True))
+                            splits=splits, sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True),
+                            spread=args.spread_frames)
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()
