@@ -138,6 +138,11 @@ def take_shard(t, dim: int, ranges: tuple[range, ...]) -> torch.Tensor:
 
 # ---- collectives (over the default process group: one model per process) ---------------------------
 
+# Gather along dim 0: `all_gather_single` where torch has it (2.13 here); the GPU image's torch 2.11 has only
+# `all_gather_tensor`, which later torch deprecates in its favour (tests/test_parallel.py failed there on it).
+_ALL_GATHER = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
+
+
 def all_reduce(x: torch.Tensor, tp: int) -> torch.Tensor:
     """Sum over ranks (functional: traceable by torch.compile and capturable in CUDA graphs)."""
     if tp == 1:
@@ -149,7 +154,7 @@ def all_gather_last(x: torch.Tensor, tp: int) -> torch.Tensor:
     """[R, n] on each rank -> [R, tp * n], rank order along the last dim."""
     if tp == 1:
         return x
-    g = funcol.wait_tensor(funcol.all_gather_single(x.contiguous(), 0, dist.group.WORLD))
+    g = funcol.wait_tensor(_ALL_GATHER(x.contiguous(), 0, dist.group.WORLD))
     return g.view(tp, *x.shape).transpose(0, 1).reshape(x.shape[0], tp * x.shape[1])
 
 
