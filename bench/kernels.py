@@ -182,12 +182,12 @@ def engine_frame(layer: str, kv_dtype) -> tuple[int, int]:
     return geometry.frame_elems, geometry.offsets[owners[len(owners) // 2]][0]
 
 
-def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, spread=False):
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None):
     """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled, the arena in
     `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
-    layer's page alone, unless `spread`: then it is as large as the engine's (`engine_frame`, 13.1 MB for the 31B's
-    sliding group in bf16), the layer's page at its offset and the rest never written, so the layer's KV lies
-    spread over as much memory as the engine's."""
+    layer's page alone, unless `frame` = (elements, K offset): then each frame is that large, the layer's page at
+    that offset and the rest never written, so the layer's KV lies spread over memory as in an engine's arena (of
+    frames `engine_frame`, 13.1 MB for the 31B's sliding group in bf16)."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
@@ -198,8 +198,11 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, s
     frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
     kv = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g).to(kv_dtype)
     k_off = 0
-    if spread:
-        frame_elems, k_off = engine_frame(layer, kv_dtype)
+    if frame is not None:
+        frame_elems, k_off = frame
+        if k_off < 0 or k_off + kv.shape[1] > frame_elems:
+            raise ValueError(f"a frame of {frame_elems} elements has no room for the layer's page of {kv.shape[1]} "
+                             f"at offset {k_off} (--frame-kib, --frame-offset-kib)")
         arena = torch.empty(kv.shape[0], frame_elems, device="cuda", dtype=kv.dtype)
         arena[:, k_off:k_off + kv.shape[1]] = kv
         del kv
@@ -265,9 +268,9 @@ def _flex():
 
 
 def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False,
-                kv_dtype=DTYPE, spread=False):
+                kv_dtype=DTYPE, frame=None):
     hq, hkv, d, window, page = LAYERS[layer]
-    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, spread=spread)
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame)
     _, read = visible_keys(ctx, 1, case.wl)
     kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
     io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
@@ -592,9 +595,11 @@ def main(argv=None):
                          f"{','.join(map(str, BATCH_SIZES))})")
     ap.add_argument("--kv-dtype", choices=list(KV_DTYPES), default="bfloat16",
                     help="with --decode-batch: the arena's dtype (float8_e4m3fn: the one-byte arena)")
-    ap.add_argument("--spread-frames", action="store_true",
-                    help="with --decode-batch: frames as large as the engine's, the layer's page at its offset in "
-                         "each (build's `spread`): its KV as spread over memory as in a step")
+    ap.add_argument("--frame-kib", default="",
+                    help="with --decode-batch: each frame of the arena this many KiB, the layer's page in it at "
+                         "--frame-offset-kib, or `engine`: the engine's frames, the page at its group's middle layer's "
+                         "offset (build's `frame`: the KV spread over memory as in a step); default: the page alone")
+    ap.add_argument("--frame-offset-kib", type=int, default=0, help="with --frame-kib N: the page's offset in a frame")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
                     help="step sizes in tokens --norms times, comma-separated")
@@ -649,13 +654,20 @@ def main(argv=None):
         rows = dict(rows=1, fma=True, pipe=args.decode_batch_pipe) if fma else dict(rows=16)
         batches = ([int(b) for b in args.decode_batches.split(",") if b] if args.decode_batches
                    else FMA_BATCHES if fma else BATCH_SIZES)
+        kv_dtype = torch_dtype(args.kv_dtype, kv=True)
+
+        def frames(layer):
+            if args.frame_kib == "engine":
+                return engine_frame(layer, kv_dtype)
+            if args.frame_kib:
+                return int(args.frame_kib) * 1024 // kv_dtype.itemsize, args.frame_offset_kib * 1024 // kv_dtype.itemsize
+            return None
         for layer, tiles in table.items():
             for b in batches:
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
-                            splits=splits, sdpa=False, kv_dtype=torch_dtype(args.kv_dtype, kv=True),
-                            spread=args.spread_frames)
+                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frames(layer))
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

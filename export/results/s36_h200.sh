@@ -135,10 +135,10 @@
 # Session 46: bench.engine's `--layers N` runs the config's first N layers (Gemma4Config.first_layers), so an H100
 # holds the 31B's per-layer step at batch 256: $PROFILE_ARGS adds flags to each profiled process, e.g.
 #   PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_ARGS="--layers 30" PROFILE_CAP=150 bash export/results/s36_h200.sh profile 560
-# and the kernels part $KERNELS_ARGS, e.g. "--spread-frames" (bench.kernels: the layer's pages in frames as large as
-# the engine's, its KV spread over as much memory as in a step):
-#   O=$OUT; for a in c s; do OUT=$O/$a BATCHES=64,256 TABLES="fma table" KERNELS_ARGS=$([ $a = s ] && echo --spread-frames) \
-#     bash export/results/s36_h200.sh kernels 170; done
+# and the kernels part $KERNELS_ARGS, e.g. "--frame-kib engine" (bench.kernels: the layer's pages in frames as large
+# as the engine's, its KV spread over memory as in a step):
+#   O=$OUT; for a in c s; do OUT=$O/$a BATCHES=64,256 TABLES=fma KERNELS_ARGS=$([ $a = s ] && echo --frame-kib engine) \
+#     bash export/results/s36_h200.sh kernels 200; done
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
