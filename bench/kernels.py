@@ -182,12 +182,15 @@ def engine_frame(layer: str, kv_dtype) -> tuple[int, int]:
     return geometry.frame_elems, geometry.offsets[owners[len(owners) // 2]][0]
 
 
-def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None):
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None, block=None):
     """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled, the arena in
     `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
     layer's page alone, unless `frame` = (elements, K offset): then each frame is that large, the layer's page at
     that offset and the rest never written, so the layer's KV lies spread over memory as in an engine's arena (of
-    frames `engine_frame`, 13.1 MB for the 31B's sliding group in bf16)."""
+    frames `engine_frame`, 13.1 MB for the 31B's sliding group in bf16). `block` = (G, unit elements) lays the frames
+    out by blocks of G, each frame cut in units and a block's units stored unit by unit (the units at one offset
+    of its G frames side by side): the table holds the unit rows, so the kernel reads the layer's pages G at a time
+    at a stride of one unit."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
@@ -203,8 +206,20 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, f
         if k_off < 0 or k_off + kv.shape[1] > frame_elems:
             raise ValueError(f"a frame of {frame_elems} elements has no room for the layer's page of {kv.shape[1]} "
                              f"at offset {k_off} (--frame-kib, --frame-offset-kib)")
-        arena = torch.empty(kv.shape[0], frame_elems, device="cuda", dtype=kv.dtype)
-        arena[:, k_off:k_off + kv.shape[1]] = kv
+        if block is None:
+            arena = torch.empty(kv.shape[0], frame_elems, device="cuda", dtype=kv.dtype)
+            arena[:, k_off:k_off + kv.shape[1]] = kv
+        else:
+            per, unit = block[0], block[1]
+            units, slot, k_off = frame_elems // unit, k_off // unit, k_off % unit
+            if frame_elems % unit or k_off + kv.shape[1] > unit:
+                raise ValueError(f"units of {unit} elements do not cut a frame of {frame_elems} or hold the page "
+                                 f"of {kv.shape[1]} at offset {k_off} (--frame-unit-kib)")
+            f = torch.arange(kv.shape[0], device="cuda")
+            rows = (f // per) * per * units + slot * per + f % per
+            arena = torch.empty(-(-kv.shape[0] // per) * per * units, unit, device="cuda", dtype=kv.dtype)
+            arena[rows, k_off:k_off + kv.shape[1]] = kv
+            frames = rows.to(torch.int32)[frames.long()]
         del kv
     else:
         arena = kv
@@ -268,9 +283,10 @@ def _flex():
 
 
 def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False,
-                kv_dtype=DTYPE, frame=None):
+                kv_dtype=DTYPE, frame=None, block=None):
     hq, hkv, d, window, page = LAYERS[layer]
-    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame)
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame,
+                 block=block)
     _, read = visible_keys(ctx, 1, case.wl)
     kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
     io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
@@ -600,6 +616,9 @@ def main(argv=None):
                          "--frame-offset-kib, or `engine`: the engine's frames, the page at its group's middle layer's "
                          "offset (build's `frame`: the KV spread over memory as in a step); default: the page alone")
     ap.add_argument("--frame-offset-kib", type=int, default=0, help="with --frame-kib N: the page's offset in a frame")
+    ap.add_argument("--frame-block", type=int, default=0,
+                    help="with --frame-kib: frames laid out by blocks of this many, unit by unit (build's `block`)")
+    ap.add_argument("--frame-unit-kib", type=int, default=0, help="with --frame-block: the units' size")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
                     help="step sizes in tokens --norms times, comma-separated")
@@ -667,7 +686,9 @@ def main(argv=None):
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
-                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frames(layer))
+                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frames(layer),
+                            block=((args.frame_block, args.frame_unit_kib * 1024 // kv_dtype.itemsize)
+                                   if args.frame_block else None))
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()
