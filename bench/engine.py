@@ -223,16 +223,21 @@ def host_edges(prof, region: str, top: int = 8) -> dict:
             "host_top_before_gpu": [[n, round(us / 1e3, 3)] for n, us in ranked]}
 
 
-def exposure(runs: list[tuple[float, float, str, tuple]], top: int = 24) -> dict:
+ATTENTION_KERNELS = ("_paged_attn_kernel",)  # the decode's attention, whose launches `exposure` lists one by one
+
+
+def exposure(runs: list[tuple[float, float, str, tuple]], top: int = 24, listed=ATTENTION_KERNELS) -> dict:
     """What each kernel adds to the span of a stream's kernels, `runs` as (start µs, end µs, name, grid).
     Kernels overlap under programmatic dependent launch (a kernel starts while the one before finishes and
     waits in it), so their summed durations overstate the step; a kernel's exposed time is how far its end
     passes the latest end of the kernels that started before it (the span is the exposed times plus the idle
     stretches). Grouped by name and grid, which tells one projection's launch from another's: the `top` groups
-    by exposed time, each as [name, grid, count, exposed ms, summed ms]."""
+    by exposed time, each as [name, grid, count, exposed ms, summed ms]. The kernels named in `listed` also give
+    each launch's µs in launch order (`listed`: one per layer for the attention, whose time a layer's place in the
+    arena's frames can move)."""
     runs = sorted(runs)
     if not runs:
-        return {"span_ms": 0.0, "idle_ms": 0.0, "kernels": 0, "by_launch": []}
+        return {"span_ms": 0.0, "idle_ms": 0.0, "kernels": 0, "by_launch": [], "listed": {}}
     groups: dict[tuple, list] = {}
     reach, idle = runs[0][0], 0.0
     for start, end, name, grid in runs:
@@ -245,7 +250,8 @@ def exposure(runs: list[tuple[float, float, str, tuple]], top: int = 24) -> dict
     ranked = sorted(groups.items(), key=lambda kv: -kv[1][1])
     return {"span_ms": round((reach - runs[0][0]) / 1e3, 3), "idle_ms": round(idle / 1e3, 3), "kernels": len(runs),
             "by_launch": [[name, list(grid), c, round(x / 1e3, 3), round(d / 1e3, 3)]
-                          for (name, grid), (c, x, d) in ranked[:top]]}
+                          for (name, grid), (c, x, d) in ranked[:top]],
+            "listed": {n: [round(end - start, 1) for start, end, name, _ in runs if name == n] for n in listed}}
 
 
 def replay_exposure(graph, top: int = 24) -> dict:

@@ -133,6 +133,7 @@ def test_a_kernel_is_charged_only_what_it_adds_past_the_kernels_before_it():
                                 ["gemv", [80, 1, 1], 1, 0.004, 0.006]]
     assert sum(g[3] for g in got["by_launch"]) + got["idle_ms"] == pytest.approx(got["span_ms"])
     assert exposure([])["by_launch"] == []
+    assert exposure(runs, listed=("norm", "attn"))["listed"] == {"norm": [7.0, 8.0], "attn": []}  # in launch order
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal of a machine without a CUDA GPU")
