@@ -132,13 +132,21 @@
 #   an H200 (needs_h200): PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_CAP=170 bash export/results/s36_h200.sh profile 560
 #     (where batch 256 goes: 9 ms above its serial floor at context 188, session 44's replays)
 #   then the calls of session 44 above.
-# Session 46: bench.engine's `--layers N` runs the config's first N layers (Gemma4Config.first_layers), so an H100
-# holds the 31B's per-layer step at batch 256: $PROFILE_ARGS adds flags to each profiled process, e.g.
+# Session 46 (export/results/README.md, "The logits' softcap in one launch"): bench.engine's `--layers N` runs the
+# config's first N layers (Gemma4Config.first_layers), so an H100 holds the 31B's per-layer step at batch 256:
+# $PROFILE_ARGS adds flags to each profiled process, e.g.
 #   PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_ARGS="--layers 30" PROFILE_CAP=150 bash export/results/s36_h200.sh profile 560
 # and the kernels part $KERNELS_ARGS, e.g. "--frame-kib engine" (bench.kernels: the layer's pages in frames as large
-# as the engine's, its KV spread over memory as in a step):
-#   O=$OUT; for a in c s; do OUT=$O/$a BATCHES=64,256 TABLES=fma KERNELS_ARGS=$([ $a = s ] && echo --frame-kib engine) \
-#     bash export/results/s36_h200.sh kernels 200; done
+# as the engine's, its KV spread over memory as in a step; 13-25 % slower than packed on an H100). The next calls:
+#   any card: the block layouts (`--frame-block G --frame-unit-kib U`: a block's G frames stored unit by unit, a unit
+#   of 1,280 KiB holding a full layer's page or five sliding layers'), against packed and the engine's frames, to
+#   tell whether keeping a layer's pages of G frames together restores the packed speed without a kernel change:
+#     O=$OUT; for f in c e g8 g64; do a=""; case $f in e) a="--frame-kib engine";; g*) a="--frame-kib engine \
+#       --frame-block ${f#g} --frame-unit-kib 1280";; esac; OUT=$O/$f BATCHES=64,256 TABLES=fma KV=bfloat16 \
+#       KERNELS_ARGS="$a" bash export/results/s36_h200.sh kernels 70; done
+#   an H200 (needs_h200): where the whole 31B's batch 256 goes, its attention launch by launch (`listed`):
+#     PROFILES="256/bf16 256/fp8 64/bf16" PROFILE_CAP=170 bash export/results/s36_h200.sh profile 560
+#   then the calls of session 44 above.
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
