@@ -139,7 +139,7 @@ def take_shard(t, dim: int, ranges: tuple[range, ...]) -> torch.Tensor:
 # ---- collectives (over the default process group: one model per process) ---------------------------
 
 # Gather along dim 0: `all_gather_single` where torch has it (2.13 here); the GPU image's torch 2.11 has only
-# `all_gather_tensor`, which later torch deprecates in its favour (tests/test_parallel.py failed there on it).
+# `all_gather_tensor`, which later torch deprecates in its favour.
 _ALL_GATHER = getattr(funcol, "all_gather_single", None) or funcol.all_gather_tensor
 
 
