@@ -674,13 +674,14 @@ def main(argv=None):
         batches = ([int(b) for b in args.decode_batches.split(",") if b] if args.decode_batches
                    else FMA_BATCHES if fma else BATCH_SIZES)
         kv_dtype = torch_dtype(args.kv_dtype, kv=True)
+        if args.frame_block and not (args.frame_kib and args.frame_unit_kib):
+            ap.error("--frame-block lays out the frames of --frame-kib in units of --frame-unit-kib: give both")
 
         def frames(layer):
             if args.frame_kib == "engine":
                 return engine_frame(layer, kv_dtype)
-            if args.frame_kib:
-                return int(args.frame_kib) * 1024 // kv_dtype.itemsize, args.frame_offset_kib * 1024 // kv_dtype.itemsize
-            return None
+            kib = 1024 // kv_dtype.itemsize  # elements a KiB
+            return (int(args.frame_kib) * kib, args.frame_offset_kib * kib) if args.frame_kib else None
         for layer, tiles in table.items():
             for b in batches:
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):

@@ -157,5 +157,5 @@ def softcap_logits_(x: torch.Tensor, cap: float | None, out: torch.Tensor) -> No
 REFERENCE = {"rms_norm": rms_norm, "route": route, "gelu_tanh_mul": gelu_tanh_mul, "qkv_norm_rope": qkv_norm_rope,
              "q_norm_rope": q_norm_rope, "add_rms_norm": add_rms_norm,
              "router_inputs": router_inputs, "normed_sum": normed_sum, "skinny_linear": F.linear,
-             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear, "add_norm_linear": add_norm_linear,
-             "softcap_logits": softcap_logits, "softcap_logits_": softcap_logits_}
+             "gelu_linear": gelu_linear, "add_norm_gelu_linear": add_norm_gelu_linear,
+             "add_norm_linear": add_norm_linear, "softcap_logits": softcap_logits, "softcap_logits_": softcap_logits_}

@@ -12,8 +12,9 @@ from g4rt.models import blocks  # noqa: E402
 from g4rt.plugins import launch  # noqa: E402
 from g4rt.plugins import triton_norm as tn  # noqa: E402
 
-pytestmark = pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(),
-                                reason="the compiled kernel on a CUDA GPU (the interpreter's run: test_plugins_norm.py)")
+pytestmark = pytest.mark.skipif(
+    launch.interpreting() or not torch.cuda.is_available(),
+    reason="the compiled kernel on a CUDA GPU (the interpreter's run: test_plugins_norm.py)")
 
 
 @pytest.mark.parametrize("rows", [1, 64, 257])
