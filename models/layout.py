@@ -176,8 +176,8 @@ class PageGeometry:
     page_tokens: dict  # group name -> positions per page
     frame_elems: int
     offsets: dict  # layer index (owning) -> (k_offset, v_offset) in the kernels' arena rows
-    block: int = 1  # frames stored unit by unit together
-    unit_elems: int = 0  # a kernel-arena row: the frame at block 1
+    block: int  # frames stored unit by unit together
+    unit_elems: int  # a kernel-arena row: the frame at block 1
 
     @classmethod
     def build(cls, layout: KVLayout, page_tokens: int = PAGE_TOKENS, align: int = ALIGN,

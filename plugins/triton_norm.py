@@ -15,6 +15,8 @@ sum order differs); tests/test_plugins_norm.py bounds the difference at one bf16
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -378,6 +380,12 @@ def _softcap_kernel(x_ptr, out_ptr, n, inv_cap, cap, HAS_CAP: tl.constexpr, LIBD
 SOFTCAP_BLOCK = 2048
 
 
+@functools.cache
+def _reciprocal(cap: float) -> float:
+    """1 / cap in fp32, as CUDA torch takes it to divide by a scalar (once per cap, not a tensor a launch)."""
+    return float(torch.tensor(1.0, dtype=torch.float32) / cap)
+
+
 def softcap_logits_(x: torch.Tensor, cap: float | None, out: torch.Tensor) -> None:
     """`out` (fp32) = tanh(x / cap) * cap of the lm_head's output `x`, each step rounded to x's dtype as eager
     torch rounds it (models.blocks.softcap_logits), in one launch: eager torch takes three elementwise launches
@@ -388,9 +396,8 @@ def softcap_logits_(x: torch.Tensor, cap: float | None, out: torch.Tensor) -> No
                          f"{tuple(out.shape)} with strides {out.stride()}")
     x = x.contiguous()
     if x.numel():
-        inv = float(torch.tensor(1.0, dtype=torch.float32) / (cap or 1.0))  # the fp32 reciprocal CUDA torch takes
         _softcap_kernel[(triton.cdiv(x.numel(), SOFTCAP_BLOCK),)](
-            x, out, x.numel(), inv, float(cap or 1.0), HAS_CAP=cap is not None, LIBDEVICE=not interpreting(),
+            x, out, x.numel(), _reciprocal(cap or 1.0), float(cap or 1.0), HAS_CAP=cap is not None, LIBDEVICE=not interpreting(),
             BLOCK=SOFTCAP_BLOCK, num_warps=8, **pdl_launch(x.device))
 
 

@@ -62,7 +62,7 @@ class FramePool:
     def __init__(self, num_frames: int, shuffle_seed: int | None = None, ids: list[int] | None = None):
         ids = list(range(num_frames)) if ids is None else list(ids)
         if not ids:
-            raise ValueError(f"num_frames must be positive, got {num_frames} frames ({len(ids)} ids)")
+            raise ValueError(f"num_frames must be positive (a whole block of frames at least), got {num_frames}")
         self.num_frames = len(ids)
         self._rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
         self._free = ids[::-1]  # pop() hands out the first id first

@@ -138,11 +138,11 @@
 #   PROFILES="64/bf16 256/bf16 256/fp8" PROFILE_ARGS="--layers 30" PROFILE_CAP=150 bash export/results/s36_h200.sh profile 560
 # and the kernels part $KERNELS_ARGS, e.g. "--frame-kib engine" (bench.kernels: the layer's pages in frames as large
 # as the engine's, its KV spread over memory as in a step; 13-25 % slower than packed on an H100). The next calls:
-#   any card: the block layouts (`--frame-block G --frame-unit-kib U`: a block's G frames stored unit by unit, a unit
-#   of 1,280 KiB holding a full layer's page or five sliding layers'), against packed and the engine's frames, to
-#   tell whether keeping a layer's pages of G frames together restores the packed speed without a kernel change:
+#   any card: the engine's block layouts (`--frame-kib engine --frame-block G`: PageGeometry's block, G frames stored
+#   unit by unit, a unit of 1,280 KiB holding a full layer's page or five sliding layers'), against packed and the
+#   engine's frames, to tell whether keeping a layer's pages of G frames together restores the packed speed:
 #     O=$OUT; for f in c e g8 g64 g4096 o0 o256; do a=""; case $f in e) a="--frame-kib engine";; g*) a="--frame-kib engine \
-#       --frame-block ${f#g} --frame-unit-kib 1280";; o*) a="--frame-kib 12800 --frame-offset-kib ${f#o}";; esac
+#       --frame-block ${f#g}";; o*) a="--frame-kib 12800 --frame-offset-kib ${f#o}";; esac
 #       OUT=$O/$f BATCHES=64,256 TABLES="fma pipe" KV=bfloat16 KERNELS_ARGS="$a" bash export/results/s36_h200.sh kernels 70; done
 #   (g4096: one block for every frame at batch 256, a layer's pages in one region of their own, as a layer-major
 #   arena would hold them; o0, o256: the engine's frame size with the page at the first layers' offsets, where the
