@@ -520,7 +520,8 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
     cfg = SchedulerConfig(max_num_batched_tokens=DECODE_STEPS_BUDGET, chunk=prompt_len, max_num_seqs=batch)
     new_tokens = decode_steps_tokens(batch, prompt_len, window, reps)
     frames = sum(promise_for(engine.geometry, prompt_len, new_tokens, cfg.chunk).frames for _ in range(batch)) + 8
-    llm = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
+    block = engine.geometry.block
+    llm = LLM(engine, -(-frames // block) * block, cfg, eos_ids=model.config.eos_token_ids)
     sampling = sampling or {}
     ids = [llm.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed + i, **sampling))
            for i, p in enumerate(prompts_for(model, batch, prompt_len, seed))]
