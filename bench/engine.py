@@ -435,13 +435,6 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
 STAGGERED_LENS = (300, 40, 700, 17, 129, 1000)
 
 
-def frame_blocks(model, frames: int, block: int) -> tuple[PageGeometry, int]:
-    """The geometry whose arena stores its frames by blocks of `block` (PageGeometry's `block`; 0: one block of
-    all of them, each layer's pages in a region of their own), and `frames` rounded up to whole blocks."""
-    block = block or frames
-    return PageGeometry.build(model.layout, block=block), -(-frames // block) * block
-
-
 @torch.inference_mode()
 def staggered_tokens(llm, model, seed: int, new_tokens: int = 16) -> list[list[int]]:
     """Greedy tokens of prompts of mixed lengths that arrive one per step while the earlier ones decode:
@@ -520,8 +513,7 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
     cfg = SchedulerConfig(max_num_batched_tokens=DECODE_STEPS_BUDGET, chunk=prompt_len, max_num_seqs=batch)
     new_tokens = decode_steps_tokens(batch, prompt_len, window, reps)
     frames = sum(promise_for(engine.geometry, prompt_len, new_tokens, cfg.chunk).frames for _ in range(batch)) + 8
-    block = engine.geometry.block
-    llm = LLM(engine, -(-frames // block) * block, cfg, eos_ids=model.config.eos_token_ids)
+    llm = LLM(engine, frames, cfg, eos_ids=model.config.eos_token_ids)
     sampling = sampling or {}
     ids = [llm.add_request(p, SamplingParams(max_new_tokens=new_tokens, ignore_eos=True, seed=seed + i, **sampling))
            for i, p in enumerate(prompts_for(model, batch, prompt_len, seed))]
@@ -707,7 +699,6 @@ def throughput(a, model, log, ceil, t_start) -> bool:
     frames = max([sum(promise_for(geometry, step_prompt, decode_steps_tokens(b, step_prompt, window, a.reps),
                                   step_prompt).frames for _ in range(b)) for b in steps]
                  + [promise_for(geometry, n, 1, max(chunks)).frames for n in prompts]) + 16
-    geometry, frames = frame_blocks(model, frames, a.frame_block)
     mode = None if a.compile_mode == "none" else a.compile_mode
     engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise)
     engine.plan_batches(max(steps + [1]))
@@ -741,9 +732,6 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", default="31b")
     ap.add_argument("--out", type=Path, required=True)
-    ap.add_argument("--frame-block", type=int, default=1,
-                    help="the arena's frames stored by blocks of this many, unit by unit, so that a layer's pages "
-                         "of a block lie side by side (PageGeometry's `block`); 0: one block of every frame")
     ap.add_argument("--layers", type=int, default=0,
                     help="only the config's first N layers (its pattern kept; Gemma4Config.first_layers): the "
                          "step of a shallower model of the same layer shapes, e.g. the 31B's first 30 layers at "
@@ -835,7 +823,7 @@ def main(argv=None) -> int:
     wbytes = weight_bytes_per_step(model)
     roof1 = roofline(model, 1, a.prompt_len, ceil)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
-         "layers": config.num_hidden_layers, "frame_block": a.frame_block, "kv_dtype": model.layout.dtype,
+         "layers": config.num_hidden_layers, "kv_dtype": model.layout.dtype,
          "blas": str(torch.backends.cuda.preferred_blas_library()), "bf16_reduced_reduction": a.bf16_reduction,
          "shared_carveout": a.shared_carveout,
          "build_s": round(time.perf_counter() - t0, 1), "weight_bytes_per_step_batch1": wbytes,
@@ -856,10 +844,9 @@ def main(argv=None) -> int:
     frames = sum(promise_for(geometry, a.prompt_len, a.new_tokens, cfg.chunk).frames for _ in range(cfg.max_num_seqs)) + 8
     if a.staggered:
         frames += sum(promise_for(geometry, n, 16, cfg.chunk).frames for n in STAGGERED_LENS)
-    geometry, frames = frame_blocks(model, frames, a.frame_block)
     mode = None if a.compile_mode == "none" else a.compile_mode
     makers = {
-        "eager": lambda: LLM.paged(model, num_frames=frames, frame_block=geometry.block, config=cfg),
+        "eager": lambda: LLM.paged(model, num_frames=frames, config=cfg),
         "inductor": lambda: LLM(InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise),
                                 frames, cfg, eos_ids=model.config.eos_token_ids),
     }

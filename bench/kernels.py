@@ -164,9 +164,8 @@ class Case:
     hkv: int
     page: int
     wl: int
-    k_off: int = 0  # of the layer's K in an arena row; its V follows
-    frame_elems: int = 0  # of a frame (an arena row but where the frames are stored by blocks)
-    block: int = 1  # frames stored together unit by unit (PageGeometry's block)
+    k_off: int = 0  # of the layer's K in a frame; its V follows
+    pad: torch.Tensor | None = None  # memory taken before the arena (build's `pad_gib`), held while the case runs
 
     def args(self):
         blk = self.page * self.hkv * self.q.shape[2]
@@ -174,49 +173,44 @@ class Case:
                 self.page, self.hkv, self.wl, 1.0)
 
 
-def engine_frame(layer: str, kv_dtype, block: int = 1) -> tuple[PageGeometry, int]:
-    """The engine's geometry of `layer`'s model (its config, KV in `kv_dtype`, frames stored by blocks of
-    `block`) and the K offset of the layer, the group's middle one, in its kernel arena's rows."""
+def engine_frame(layer: str, kv_dtype) -> tuple[int, int]:
+    """(frame elements, K offset) of `layer` in its model's engine arena (PageGeometry of its config, KV in
+    `kv_dtype`): a frame holds a page of every layer of the group, and the layer is the group's middle one."""
     size, group = layer.split("-")
     layout = KVLayout.from_config(load_config(SIZES[size]), kv_dtype)
-    geometry = PageGeometry.build(layout, block=block)
+    geometry = PageGeometry.build(layout)
     owners = getattr(layout, group).layers
-    return geometry, geometry.offsets[owners[len(owners) // 2]][0]
+    return geometry.frame_elems, geometry.offsets[owners[len(owners) // 2]][0]
 
 
-def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None):
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None, pad_gib=0.0,
+          arena_gib=0.0):
     """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled, the arena in
     `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
-    layer's page alone, unless `frame` = (elements, K offset) or (an engine's PageGeometry, K offset): then each
-    frame is that large, the layer's page at that offset and the rest never written, so the layer's KV lies spread
-    over memory as in an engine's arena (`engine_frame`: 13.1 MB frames for the 31B's sliding group in bf16, or
-    its blocks: the kernels read the geometry's unit rows through its `frame_ids`)."""
+    layer's page alone, unless `frame` = (elements, K offset): then each frame is that large, the layer's page at
+    that offset and the rest never written, so the layer's KV lies spread over memory as in an engine's arena (of
+    frames `engine_frame`, 13.1 MB for the 31B's sliding group in bf16). Where the memory lies, apart from the
+    layout: `arena_gib` makes the arena at least that large (the frames used its first ones, the rest never
+    written), `pad_gib` takes that much device memory before any of the case's tensors."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
     if wl >= 0 and not whole_table:
         first = max(0, ctx - q_len - wl) // page
     m = math.ceil(ctx / page) - first
+    pad = torch.empty(int(pad_gib * 2**30), device="cuda", dtype=torch.uint8) if pad_gib else None
     g = torch.Generator(device="cuda").manual_seed(seed)
     frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
     kv = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g).to(kv_dtype)
-    k_off, per, frame_elems = 0, 1, kv.shape[1]
-    if frame is not None:
-        layout, k_off = frame
-        if isinstance(layout, PageGeometry):  # the engine's frame ids, on rows of its unit
-            per, frame_elems, row, frame_ids = layout.block, layout.frame_elems, layout.unit_elems, layout.frame_ids
-        else:
-            frame_elems, row, frame_ids = layout, layout, lambda count: list(range(count))
-        if k_off < 0 or k_off % row + kv.shape[1] > row:
+    k_off = 0
+    if frame is not None or arena_gib:
+        frame_elems, k_off = frame or (kv.shape[1], 0)
+        if k_off < 0 or k_off + kv.shape[1] > frame_elems:
             raise ValueError(f"a frame of {frame_elems} elements has no room for the layer's page of {kv.shape[1]} "
                              f"at offset {k_off} (--frame-kib, --frame-offset-kib)")
-        n = kv.shape[0]
-        stored = -(-n // per) * per  # whole blocks
-        ids = torch.tensor(frame_ids(stored)[:n], device="cuda")
-        arena = torch.empty(stored * frame_elems // row, row, device="cuda", dtype=kv.dtype)
-        flat = arena.view(-1)  # each page at `id * row + k_off`, as the kernels read it
-        flat[(ids[:, None] * row + k_off + torch.arange(kv.shape[1], device="cuda")).reshape(-1)] = kv.reshape(-1)
-        frames = ids.to(torch.int32)[frames.long()]
+        rows = max(kv.shape[0], int(arena_gib * 2**30) // (frame_elems * kv.element_size()))
+        arena = torch.empty(rows, frame_elems, device="cuda", dtype=kv.dtype)
+        arena[:kv.shape[0], k_off:k_off + kv.shape[1]] = kv
         del kv
     else:
         arena = kv
@@ -224,7 +218,7 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, f
     i32 = dict(device="cuda", dtype=torch.int32)
     return Case(q, arena, torch.arange(batch + 1, **i32) * q_len, torch.full((batch,), ctx, **i32),
                 frames[:batch * m].view(batch, m).contiguous(), torch.full((batch,), first, **i32), hkv, page, wl,
-                k_off, frame_elems, per)
+                k_off, pad)
 
 
 def visible_keys(ctx, q_len, wl):
@@ -280,15 +274,18 @@ def _flex():
 
 
 def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False,
-                kv_dtype=DTYPE, frame=None):
+                kv_dtype=DTYPE, frame=None, pad_gib=0.0, arena_gib=0.0):
     hq, hkv, d, window, page = LAYERS[layer]
-    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame)
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame,
+                 pad_gib=pad_gib, arena_gib=arena_gib)
     _, read = visible_keys(ctx, 1, case.wl)
     kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
     io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
     rec = {"layer": layer, "batch": batch, "ctx": ctx, "page_size": page, "whole_table": whole,
            "kv_dtype": str(case.arena.dtype).removeprefix("torch."), "kv_bytes_read": kv_bytes, "config": config,
-           "frame_elems": case.frame_elems, "frame_block": case.block}
+           "frame_elems": case.arena.shape[1], "pad_gib": pad_gib,
+           "arena_gib": round(case.arena.numel() * case.arena.element_size() / 2**30, 2),
+           "arena_at_gib": round(case.arena.data_ptr() / 2**30, 2)}  # its virtual address
     if splits is None:
         max_keys = case.table.shape[1] * page if case.wl < 0 else min(case.table.shape[1] * page, case.wl + 1)
         splits = ta.decode_splits(batch, hkv, max_keys, d, case.q.device)
@@ -612,9 +609,11 @@ def main(argv=None):
                          "--frame-offset-kib, or `engine`: the engine's frames, the page at its group's middle layer's "
                          "offset (build's `frame`: the KV spread over memory as in a step); default: the page alone")
     ap.add_argument("--frame-offset-kib", type=int, default=0, help="with --frame-kib N: the page's offset in a frame")
-    ap.add_argument("--frame-block", type=int, default=1,
-                    help="with --frame-kib engine: the engine's frames stored by blocks of this many "
-                         "(PageGeometry's `block`, as bench.engine --frame-block lays out its arena)")
+    ap.add_argument("--arena-gib", type=float, default=0.0,
+                    help="with --decode-batch: the arena at least this large, the pages in its first frames (where "
+                         "the memory lies, apart from the layout)")
+    ap.add_argument("--pad-gib", type=float, default=0.0,
+                    help="with --decode-batch: this much device memory taken before each case's tensors")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
                     help="step sizes in tokens --norms times, comma-separated")
@@ -670,12 +669,10 @@ def main(argv=None):
         batches = ([int(b) for b in args.decode_batches.split(",") if b] if args.decode_batches
                    else FMA_BATCHES if fma else BATCH_SIZES)
         kv_dtype = torch_dtype(args.kv_dtype, kv=True)
-        if args.frame_block != 1 and args.frame_kib != "engine":
-            ap.error("--frame-block lays out the engine's frames: give --frame-kib engine")
 
         def frames(layer):
             if args.frame_kib == "engine":
-                return engine_frame(layer, kv_dtype, args.frame_block)
+                return engine_frame(layer, kv_dtype)
             kib = 1024 // kv_dtype.itemsize  # elements a KiB
             return (int(args.frame_kib) * kib, args.frame_offset_kib * kib) if args.frame_kib else None
         for layer, tiles in table.items():
@@ -683,7 +680,8 @@ def main(argv=None):
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
-                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frames(layer))
+                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frames(layer),
+                            pad_gib=args.pad_gib, arena_gib=args.arena_gib)
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

@@ -160,31 +160,18 @@ class KVLayout:
 
 @dataclass(frozen=True)
 class PageGeometry:
-    """How both groups' pages sit in the arena's frames. Offsets are in elements of the arena dtype.
-
-    With `block` 1 (the default) a frame is one row of the arena and a layer's K and V sit at its offsets in
-    it, so a layer's pages lie a frame apart (13.1 MB for the 31B in bf16). With `block` G > 1 the frames are
-    stored G at a time, each cut in units (`unit_elems`: the largest layer page of either group, which holds a
-    whole number of the other group's) and the G frames' units at one place side by side: a layer's pages of G
-    frames then lie a unit apart. The kernels read `row * stride + offset` either way: their arena is the arena
-    viewed as rows of `unit_elems` (`kernel_arena`), the tables and slots hold each frame's first row
-    (`frame_ids`, what the pool hands out), and a layer's offset is its unit's row times G times the unit, plus
-    its place in the unit (export/results/README.md, session 46: the decode reads its pages 13-25 % slower a
-    frame apart than side by side)."""
+    """How both groups' pages sit in the arena's frames. Offsets are in elements of the arena dtype."""
 
     layout: KVLayout
     page_tokens: dict  # group name -> positions per page
     frame_elems: int
-    offsets: dict  # layer index (owning) -> (k_offset, v_offset) in the kernels' arena rows
-    block: int  # frames stored unit by unit together
-    unit_elems: int  # a kernel-arena row: the frame at block 1
+    offsets: dict  # layer index (owning) -> (k_offset, v_offset) inside a frame
 
     @classmethod
-    def build(cls, layout: KVLayout, page_tokens: int = PAGE_TOKENS, align: int = ALIGN,
-              block: int = 1) -> "PageGeometry":
+    def build(cls, layout: KVLayout, page_tokens: int = PAGE_TOKENS, align: int = ALIGN) -> "PageGeometry":
         """The one constructor: `PageGeometry.build(KVLayout.from_config(cfg, dtype), page_tokens)`, or
         `PageGeometry.build(model.layout, page_tokens)` for a model in memory (its layout has its dtype)."""
-        for name, value in (("page_tokens", page_tokens), ("align", align), ("block", block)):
+        for name, value in (("page_tokens", page_tokens), ("align", align)):
             if value <= 0:
                 raise ValueError(f"{name} must be positive, got {value}")
         align = min(align, page_tokens)
@@ -199,30 +186,12 @@ class PageGeometry:
             for name in elems:
                 tokens[name] = page_tokens
         frame = max(tokens[n] * elems[n] for n in elems)
-        pages = {g.name: 2 * tokens[g.name] * g.num_kv_heads * g.head_dim for g in (s, f) if g.layers}  # K and V
-        unit = frame if block == 1 else max(pages.values())
-        if block > 1 and (frame % unit or any(unit % p for p in pages.values())):
-            raise ValueError(f"block {block}: the layers' pages of {sorted(pages.values())} elements do not cut "
-                             f"a frame of {frame} in equal units; this geometry takes block 1 only")
         offsets = {}
         for g in (s, f):
-            half = pages.get(g.name, 0) // 2
+            block = tokens[g.name] * g.num_kv_heads * g.head_dim
             for j, layer in enumerate(g.layers):
-                at = [2 * j * half, (2 * j + 1) * half]  # in the frame
-                offsets[layer] = tuple(o // unit * block * unit + o % unit for o in at)
-        return cls(layout, tokens, frame, offsets, block, unit)
-
-    def frame_ids(self, num_frames: int) -> list[int]:
-        """The ids the frame pool hands out for an arena of `num_frames` frames: each frame's first row of the
-        kernels' arena (at block 1 the frame's index). Frames past the last whole block are left out: the units
-        of a block's frames lie across the block."""
-        units, g = self.frame_elems // self.unit_elems, self.block
-        return [f // g * g * units + f % g for f in range(num_frames // g * g)]
-
-    def kernel_arena(self, arena: torch.Tensor) -> torch.Tensor:
-        """The arena `[frames, frame_elems]` as the kernels and the reference ops address it: rows of
-        `unit_elems` (the arena itself at block 1)."""
-        return arena if self.block == 1 else arena.view(-1, self.unit_elems)
+                offsets[layer] = (2 * j * block, (2 * j + 1) * block)
+        return cls(layout, tokens, frame, offsets)
 
     def frame_bytes(self) -> int:
         return self.frame_elems * self.layout.sliding.dtype_bytes

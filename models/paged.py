@@ -43,9 +43,6 @@ class PagedStep(nn.Module):
         super().__init__()
         if geometry.layout.config != model.config:
             raise ValueError("PagedStep: the page geometry was built for a different config than the model")
-        if functional and geometry.block != 1:
-            raise ValueError(f"PagedStep: a functional step returns the arena as [frames, frame_elems]; its geometry "
-                             f"must have block 1, not {geometry.block}")
         self.model = model
         self.geometry = geometry
         self.functional = functional
@@ -64,7 +61,6 @@ class PagedStep(nn.Module):
         writes (a new tensor when functional). With the Triton kernels, in place, it also takes a packed layer's
         projection (`ProjectedAttention`)."""
         groups = self._groups(kv_lens, sliding_table, sliding_first, sliding_slots, full_table, full_slots)
-        arena = self.geometry.kernel_arena(arena)
         if self.functional or self.model.kernels != "triton":
             return StepAttention(self, arena, cu_q, kv_lens, groups)
         from g4rt.plugins import triton_kv_write  # noqa: F401  (registers g4rt::projected_attention_)
@@ -82,7 +78,6 @@ class PagedStep(nn.Module):
         geo = self.geometry
         groups = self._groups(kv_lens, sliding_table, sliding_first, sliding_slots, full_table, full_slots)
         write, attend = implementations(self.model.kernels)
-        arena = geo.kernel_arena(arena)
 
         def attention(layer: LayerKV, q, k, v, out):
             table, first, slots, page = groups[layer.sliding]

@@ -65,12 +65,10 @@ def to_kv(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def _block(arena: torch.Tensor, frames: torch.Tensor, offset: int, page_size: int, num_kv_heads: int,
            head_dim: int) -> torch.Tensor:
-    """The K (or V) block at element `offset` from each of the rows `frames` of the arena, as [len(frames)*P, Hkv,
-    D]: at `row * arena.stride(0) + offset` of the flat arena, as the kernels read it (the offset may pass a row's
-    end: PageGeometry's blocks)."""
+    """The K (or V) block at element `offset` of each frame in `frames`, as [len(frames)*P, Hkv, D]."""
     n = page_size * num_kv_heads * head_dim
-    at = frames.long()[:, None] * arena.stride(0) + offset + torch.arange(n, device=arena.device)
-    return arena.reshape(-1)[at].reshape(-1, num_kv_heads, head_dim)
+    rows = arena[frames.long(), offset:offset + n]
+    return rows.reshape(-1, num_kv_heads, head_dim)
 
 
 def gather_kv(arena: torch.Tensor, page_row: torch.Tensor, first_page: int, kv_len: int, k_offset: int,
@@ -121,10 +119,9 @@ def kv_write_ref_(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: 
     frame, row = s // page_size, s % page_size
     width = k.shape[1] * k.shape[2]  # one position of one layer: Hkv * D elements
     cols = torch.arange(width, device=arena.device)
-    flat = arena.view(-1)  # at `frame * stride + offset`, as the kernels write (PageGeometry's blocks)
     for offset, src in ((k_offset, k), (v_offset, v)):
-        idx = frame[:, None] * arena.stride(0) + offset + row[:, None] * width + cols[None, :]
-        flat[idx] = to_kv(src[keep].reshape(-1, width), arena.dtype)
+        idx = offset + row[:, None] * width + cols[None, :]
+        arena[frame[:, None], idx] = to_kv(src[keep].reshape(-1, width), arena.dtype)
 
 
 def kv_write_ref(arena: torch.Tensor, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, k_offset: int,

@@ -80,7 +80,7 @@ class LLM:
                  eos_ids=(), shuffle_seed: int | None = None, record_logits: bool = False, overlap: bool = True,
                  kernels: str | None = None):
         self.engine = engine
-        self.pool = FramePool(num_frames, shuffle_seed, engine.geometry.frame_ids(num_frames))
+        self.pool = FramePool(num_frames, shuffle_seed)
         self.scheduler = Scheduler(engine.geometry, self.pool, config)
         self.eos_ids = tuple(eos_ids)
         self.record_logits = record_logits
@@ -95,16 +95,15 @@ class LLM:
     # ---- constructors ------------------------------------------------------------------------
     @classmethod
     def paged(cls, model, *, num_frames: int | None = None, kv_memory_bytes: int | None = None,
-              page_tokens: int = 16, frame_block: int = 1, device=None, kernels: str | None = None,
-              **kw) -> "LLM":
+              page_tokens: int = 16, device=None, kernels: str | None = None, **kw) -> "LLM":
         """The eager paged engine on the model's device, with an arena of `num_frames` frames
-        (or as many as fit in `kv_memory_bytes`), laid out by blocks of `frame_block` (`PageGeometry`);
-        `kernels` ("triton"|"reference") overrides the model's choice (`Gemma4Model.set_kernels`) and the
-        sampler's, so one setting covers every op of a step."""
+        (or as many as fit in `kv_memory_bytes`); `kernels` ("triton"|"reference") overrides the
+        model's choice (`Gemma4Model.set_kernels`) and the sampler's, so one setting covers every op
+        of a step."""
         p = next(model.parameters())
         if kernels is not None:
             model.set_kernels(kernels)
-        geometry = PageGeometry.build(model.layout, page_tokens, block=frame_block)
+        geometry = PageGeometry.build(model.layout, page_tokens)
         if num_frames is None:
             if kv_memory_bytes is None:
                 raise ValueError("give num_frames or kv_memory_bytes for the KV arena")

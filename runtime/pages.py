@@ -54,18 +54,15 @@ class FramePool:
 
     `reserve`/`unreserve` count frames promised to admitted requests; the pool refuses a promise it
     could not keep. `shuffle_seed` hands frames out in a seeded random order (tests use it so that
-    later requests land on frames earlier ones returned, in no particular order). `ids`: what the pool
-    hands out for its frames, in order (`PageGeometry.frame_ids`: the arena rows a frame starts at);
-    default 0 .. num_frames - 1.
+    later requests land on frames earlier ones returned, in no particular order).
     """
 
-    def __init__(self, num_frames: int, shuffle_seed: int | None = None, ids: list[int] | None = None):
-        ids = list(range(num_frames)) if ids is None else list(ids)
-        if not ids:
-            raise ValueError(f"num_frames must be positive (a whole block of frames at least), got {num_frames}")
-        self.num_frames = len(ids)
+    def __init__(self, num_frames: int, shuffle_seed: int | None = None):
+        if num_frames <= 0:
+            raise ValueError(f"num_frames must be positive, got {num_frames}")
+        self.num_frames = num_frames
         self._rng = random.Random(shuffle_seed) if shuffle_seed is not None else None
-        self._free = ids[::-1]  # pop() hands out the first id first
+        self._free = list(range(num_frames - 1, -1, -1))  # pop() hands out frame 0 first
         self._leased: set[int] = set()
         self.reserved = 0
 

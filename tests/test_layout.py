@@ -98,28 +98,3 @@ def test_page_geometry_invariants(name, page_tokens):
 def test_page_geometry_names_the_bad_setting(page_tokens, align, message):
     with pytest.raises(ValueError, match=f"^{message}$"):
         PageGeometry.build(layout("31b"), page_tokens, align)
-
-
-def test_frames_by_blocks_keep_a_layers_pages_of_a_block_a_unit_apart():
-    """PageGeometry's `block`: the 31B's frame cut in ten units of a full layer's page (five sliding pages each); a
-    layer's offset is its unit's row times the block's width plus its place in the unit, so the same frame's
-    bytes of every layer stay inside the block's rows and no two frames share one."""
-    one, geo = PageGeometry.build(layout("31b")), PageGeometry.build(layout("31b"), block=8)
-    assert (geo.frame_elems, geo.unit_elems) == (one.frame_elems, one.frame_elems // 10)
-    unit = geo.unit_elems
-    for layer, (k, v) in one.offsets.items():  # in the frame at block 1, in unit rows at block 8
-        assert geo.offsets[layer] == (k // unit * 8 * unit + k % unit, v // unit * 8 * unit + v % unit)
-    assert geo.frame_ids(19) == [0, 1, 2, 3, 4, 5, 6, 7, 80, 81, 82, 83, 84, 85, 86, 87]  # no partial block
-    used = [(row * unit + o) // unit for row in geo.frame_ids(24) for k, v in geo.offsets.values() for o in (k, v)]
-    assert len(set(used)) == 24 * 10 and max(used) < 24 * 10  # every unit of 24 frames once, inside their rows
-    assert one.frame_ids(5) == [0, 1, 2, 3, 4] and one.unit_elems == one.frame_elems
-
-
-def test_frames_by_blocks_refuse_pages_that_do_not_cut_a_frame():
-    from conftest import tiny_config
-    lay = KVLayout.from_config(tiny_config("e2b"))
-    PageGeometry.build(lay, block=1)
-    with pytest.raises(ValueError, match=r"^block 2: the layers' pages of \[\d+, \d+\] elements do not cut a frame"):
-        PageGeometry.build(lay, block=2)
-    with pytest.raises(ValueError, match="^block must be positive, got 0$"):
-        PageGeometry.build(lay, block=0)

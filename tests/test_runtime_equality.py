@@ -39,7 +39,7 @@ def prompt(n: int, salt: int) -> list[int]:
     return [(salt * 31 + 7 * i) % 250 + 2 for i in range(n)]
 
 
-def run_both(model, prompts, params, config, num_frames=None, shuffle_seed=11, **paged_kw):
+def run_both(model, prompts, params, config, num_frames=None, shuffle_seed=11):
     """Run the same requests on the paged engine and the linear reference; return both outputs."""
     geometry = PageGeometry.build(model.layout, PAGE)
     plist = params if isinstance(params, list) else [params] * len(prompts)
@@ -48,7 +48,7 @@ def run_both(model, prompts, params, config, num_frames=None, shuffle_seed=11, *
     frames = num_frames or widest
     counting = []
     paged = LLM.paged(model, num_frames=frames, page_tokens=PAGE, config=config, shuffle_seed=shuffle_seed,
-                      record_logits=True, **paged_kw)
+                      record_logits=True)
     inner = paged.engine.step
 
     def step(batch, seq_ids=(), **kw):
@@ -107,29 +107,6 @@ def test_streams_share_steps(model):
     a, b, sizes = run_both(model, prompts, params, cfg, num_frames=200)
     assert_byte_equal(a, b)
     assert max(sizes) >= 3, f"streams never shared a step: {sizes}"
-
-
-@pytest.mark.parametrize("kernels", ["reference", "triton"])
-def test_frames_stored_by_blocks_give_the_same_bits(model, kernels):
-    """An arena laid out by blocks of 4 frames (PageGeometry's `block`: a block's frames stored unit by unit, the
-    pool handing out unit rows) runs the shared streams of a shuffled pool to the bits of the arena a frame a row,
-    through the reference ops and the Triton kernels alike; its pool holds the whole blocks of 199 frames."""
-    prompts = [prompt(n, i) for i, n in enumerate((5, 30, 17, 41))]
-    params = [SamplingParams(max_new_tokens=n, ignore_eos=True, temperature=t, seed=s)
-              for n, t, s in ((9, 0.0, None), (6, 0.7, 5), (11, 0.0, None), (7, 1.0, 8))]
-    cfg = SchedulerConfig(max_num_batched_tokens=10, chunk=4)
-    geometry = PageGeometry.build(model.layout, PAGE, block=4)
-    assert geometry.unit_elems < geometry.frame_elems and geometry.frame_ids(10) == [0, 1, 2, 3, 8, 9, 10, 11]
-    outs = []
-    try:
-        for block in (1, 4):
-            llm = LLM.paged(model, num_frames=199, page_tokens=PAGE, frame_block=block, config=cfg, shuffle_seed=11,
-                            record_logits=True, kernels=kernels)
-            outs.append(llm.generate(prompts, params))
-            assert llm.pool.num_free == 199 // block * block and llm.pool.reserved == 0, "pages leaked"
-    finally:
-        model.set_kernels("reference")  # the module's model, as the other tests take it
-    assert_byte_equal(*outs)
 
 
 def test_pool_of_exactly_the_widest_request_reuses_returned_pages(model):

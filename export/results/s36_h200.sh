@@ -155,6 +155,16 @@
 #   an H200 (needs_h200): where the whole 31B's batch 256 goes, its attention launch by launch (`listed`):
 #     PROFILES="256/bf16 256/fp8 64/bf16" PROFILE_CAP=170 bash export/results/s36_h200.sh profile 560
 #   then the calls of session 44 above.
+# Session 47 (four H100 calls; export/results/README.md, "The arena by blocks measured and removed") ran session 46's
+# block calls: blocks of 64 frames or one of all were no faster in the engine or the bench, and the block layout was
+# removed; frames of 1-4 MiB read at the packed speed, 5 MiB or more not, and 8 MiB once fast once slow in one
+# process (each case allocates its arena anew). bench.kernels' `--arena-gib N` (the packed pages at the start of an
+# arena of N GiB) and `--pad-gib N` (N GiB taken before the case's tensors) tell the allocation's size and its place
+# from the layout. The next calls:
+#   any card: O=$OUT; for f in c a40 p40 e a40 p40; do a=""; case $f in a*) a="--arena-gib ${f#a}";; \
+#     p*) a="--pad-gib ${f#p}";; e) a="--frame-kib engine";; esac
+#     OUT=$O/$f-$SECONDS BATCHES=256 TABLES=fma KV=bfloat16 KERNELS_ARGS="$a" bash export/results/s36_h200.sh kernels 60; done
+#   (each record's `arena_at_gib` is its arena's virtual address), then the H200 calls of sessions 46 and 44 above.
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
