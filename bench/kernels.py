@@ -676,11 +676,12 @@ def main(argv=None):
             kib = 1024 // kv_dtype.itemsize  # elements a KiB
             return (int(args.frame_kib) * kib, args.frame_offset_kib * kib) if args.frame_kib else None
         for layer, tiles in table.items():
+            frame = frames(layer)  # the engine's reads the model's config: once a layer
             for b in batches:
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
-                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frames(layer),
+                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frame,
                             pad_gib=args.pad_gib, arena_gib=args.arena_gib)
         return _write(res, args.out, t_start)
     try:

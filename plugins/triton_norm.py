@@ -397,8 +397,8 @@ def softcap_logits_(x: torch.Tensor, cap: float | None, out: torch.Tensor) -> No
     x = x.contiguous()
     if x.numel():
         _softcap_kernel[(triton.cdiv(x.numel(), SOFTCAP_BLOCK),)](
-            x, out, x.numel(), _reciprocal(cap or 1.0), float(cap or 1.0), HAS_CAP=cap is not None, LIBDEVICE=not interpreting(),
-            BLOCK=SOFTCAP_BLOCK, num_warps=8, **pdl_launch(x.device))
+            x, out, x.numel(), _reciprocal(cap or 1.0), float(cap or 1.0), HAS_CAP=cap is not None,
+            LIBDEVICE=not interpreting(), BLOCK=SOFTCAP_BLOCK, num_warps=8, **pdl_launch(x.device))
 
 
 # ---- the kernels as opaque custom ops: one node each for torch.compile, run by eager and compiled alike ----

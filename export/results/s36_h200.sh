@@ -148,6 +148,7 @@
 #   arena would hold them; o0, o256: the engine's frame size with the page at the first layers' offsets, where the
 #   whole 31B's batch-64 step read its attention faster than the packed bench; the profile's `listed` gives the
 #   step's layer by layer)
+#   (run in session 47: no faster; the blocks and both --frame-block flags are gone since)
 #   any card: the engine's arena by blocks (`bench.engine --frame-block G`: built in session 46, never run on a GPU)
 #   against block 1, the first 30 layers at batch 256 and 64, profiled (its attention launch by launch, `listed`):
 #     O=$OUT; for fb in 1 64 0 1 64 0; do OUT=$O/fb$fb-$SECONDS PROFILES="256/bf16 64/bf16" \
