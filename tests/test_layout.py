@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from g4rt.models.config import PUBLISHED, load_config
-from g4rt.models.layout import KVLayout, PageGeometry
+from g4rt.models.layout import KVLayout, PageGeometry, frame_stride
 
 CTX = 262_144
 
@@ -89,8 +89,36 @@ def test_page_geometry_invariants(name, page_tokens):
     # Every layer reads the offsets of the cache it attends over.
     for l in lay.layers:
         assert geo.layer_offsets(l.index) == geo.offsets[l.source]
-    # The frame is exactly as big as the larger group's page.
-    assert geo.frame_elems == max(geo.page_tokens[g.name] * g.bytes_per_token // g.dtype_bytes for g in lay.groups)
+    # The frame is the larger group's page, padded to a stride no memory-stack count divides (frame_stride).
+    assert geo.frame_elems == frame_stride(max(geo.page_tokens[g.name] * g.bytes_per_token // g.dtype_bytes
+                                               for g in lay.groups))
+
+
+def _odd(n):
+    while n % 2 == 0:
+        n //= 2
+    return n
+
+
+@pytest.mark.parametrize("elems", [1, 3, 48, 8192, 102400, 409600, 6553600, 6553601, 2**23, 3 * 2**20, 15 * 2**20])
+def test_frame_stride_keeps_three_and_five_out_of_the_odd_factor(elems):
+    """The padded frame holds the page, costs at most a few granules of about 1/128 of it, and its odd factor has no
+    3 or 5 once the granule (a power of two) is taken out: a stride of 1,280 KiB or a multiple of it read 24 % slower on
+    an H100, the 31B's 12.5 MiB frame among them."""
+    got = frame_stride(elems)
+    granule = 1 << max(0, (elems // 128).bit_length() - 1)
+    assert got >= elems and got % granule == 0 and got - elems < 4 * granule
+    assert _odd(got // granule) % 3 and _odd(got // granule) % 5
+    if _odd(-(-elems // granule)) % 3 and _odd(-(-elems // granule)) % 5:
+        assert got == -(-elems // granule) * granule  # no padding beyond the granule where none is needed
+
+
+def test_frame_stride_of_the_31b():
+    """The 31B's sliding page of 50 layers (12.5 MiB in bf16, 200 granules of 64 KiB: 25 odd) grows to 202 granules
+    (101 odd), 12,928 KiB; the e4m3 arena's to 6,464 KiB; a power of two stays as it is."""
+    assert frame_stride(6_553_600) * 2 == 12_928 * 1024
+    assert PageGeometry.build(layout("31b")).frame_bytes() == 12_928 * 1024
+    assert frame_stride(2**20) == 2**20
 
 
 @pytest.mark.parametrize("page_tokens, align, message", [(0, 16, "page_tokens must be positive, got 0"),

@@ -53,11 +53,12 @@ def test_plan_capacity_in_a_budget(capsys):
                               "--json"))
     assert r["kv_budget_bytes"] == 141 * 2**30 - 2 * 30_697_345_340
     assert r["frames_in_budget"] == r["kv_budget_bytes"] // r["frame_bytes"]
-    assert r["requests_fit"] == r["frames_in_budget"] // r["request_frames"] == 4
-    # a frame holds 16 sliding positions of 50 layers, or 160 full positions of 10 layers
-    assert r["frame_bytes"] == 16 * 819_200 == 160 * 81_920
+    assert r["requests_fit"] == r["frames_in_budget"] // r["request_frames"] == 3
+    # a frame holds 16 sliding positions of 50 layers, or 160 full positions of 10 layers (12.5 MiB), padded to
+    # 202 granules of 64 KiB (frame_stride): 6,798 frames, 3 requests, where unpadded 6,866 held a fourth's 1,704
+    assert 16 * 819_200 == 160 * 81_920 == 200 * 65_536 and r["frame_bytes"] == 202 * 65_536
     text = run_cli(capsys, "plan", "--model", "31b", "--context", "262144", "--memory-gib", "141")
-    assert "220.00 GiB" in text and "20.78 GiB" in text and "4 requests" in text
+    assert "220.00 GiB" in text and "20.78 GiB" in text and "3 requests" in text
 
 
 def test_plan_with_a_one_byte_kv_holds_twice_the_positions(capsys):
@@ -70,7 +71,7 @@ def test_plan_with_a_one_byte_kv_holds_twice_the_positions(capsys):
     assert 2 * fp8["bytes_per_token"] == bf16["bytes_per_token"] and 2 * fp8["frame_bytes"] == bf16["frame_bytes"]
     assert fp8["weight_bytes"] == bf16["weight_bytes"] and fp8["request_frames"] == bf16["request_frames"]
     assert fp8["frames_in_budget"] == 2 * bf16["frames_in_budget"] + 1  # the budget's odd half frame
-    assert fp8["requests_fit"] == 8 and bf16["requests_fit"] == 4
+    assert fp8["requests_fit"] == 7 and bf16["requests_fit"] == 3
     assert "KV float8_e4m3fn" in run_cli(capsys, *args[:-1], "--kv-dtype", "float8_e4m3fn")
     with pytest.raises(SystemExit):
         main(["plan", "--kv-dtype", "int8"])
