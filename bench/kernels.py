@@ -189,7 +189,7 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, f
     `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
     layer's page alone, unless `frame` = (elements, K offset): then each frame is that large, the layer's page at
     that offset and the rest never written, so the layer's KV lies spread over memory as in an engine's arena (of
-    frames `engine_frame`, 13.1 MB for the 31B's sliding group in bf16). Where the memory lies, apart from the
+    frames `engine_frame`, 13.2 MB for the 31B in bf16). Where the memory lies, apart from the
     layout: `arena_gib` makes the arena at least that large (the frames used its first ones, the rest never
     written), `pad_gib` takes that much device memory before any of the case's tensors."""
     hq, hkv, d, window, page = LAYERS[layer]
