@@ -166,6 +166,18 @@
 #     p*) a="--pad-gib ${f#p}";; e) a="--frame-kib engine";; esac
 #     OUT=$O/$f-$SECONDS BATCHES=256 TABLES=fma KV=bfloat16 KERNELS_ARGS="$a" bash export/results/s36_h200.sh kernels 60; done
 #   (each record's `arena_at_gib` is its arena's virtual address), then the H200 calls of sessions 46 and 44 above.
+#   (run in session 48: the arena's size and place do not matter; the frame's stride does)
+# Session 48 (five H100 calls; export/results/README.md, "Frame strides that camp on the memory stacks"): on an H100
+# every frame stride that is a multiple of 1,280 KiB reads a batched decode's pages at 80 % of the copy bandwidth;
+# frames are padded since (models/layout.py frame_stride), the first 30 layers' batch-256 bf16 step 5.8-7.4 % faster.
+# Its calls are export/results/s48_frames.sh (with git archive --prefix=ab/pre/g4rt/ 39af465 | tar -x, carried). The
+# next calls, on an H200 (needs_h200; no H200 was lent in session 48):
+#   whether the H200 (six stacks) camps, and on which strides:
+#     FRAMES="256 1280 1536 12800 12928 2304 1280 1536" ARMS=" " bash export/results/s48_frames.sh 170
+#   the whole 31B at batch 256, padded against 39af465, bf16 then e4m3 (a card over 100 GB runs all 60 layers):
+#     FRAMES=" " STEPS_CAP=90 bash export/results/s48_frames.sh 560
+#     FRAMES=" " ARMS="fp8 pre/fp8 pre/fp8 fp8 fp8 pre/fp8" STEPS_CAP=90 bash export/results/s48_frames.sh 560
+#   then the H200 calls of sessions 46 and 44 above.
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
