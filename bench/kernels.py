@@ -165,7 +165,6 @@ class Case:
     page: int
     wl: int
     k_off: int = 0  # of the layer's K in a frame; its V follows
-    pad: torch.Tensor | None = None  # memory taken before the arena (build's `pad_gib`), held while the case runs
 
     def args(self):
         blk = self.page * self.hkv * self.q.shape[2]
@@ -183,34 +182,29 @@ def engine_frame(layer: str, kv_dtype) -> tuple[int, int]:
     return geometry.frame_elems, geometry.offsets[owners[len(owners) // 2]][0]
 
 
-def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None, pad_gib=0.0,
-          arena_gib=0.0):
+def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, frame=None):
     """Random paged case: every sequence at kv_len ctx with q_len new tokens, frames shuffled, the arena in
     `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
     layer's page alone, unless `frame` = (elements, K offset): then each frame is that large, the layer's page at
     that offset and the rest never written, so the layer's KV lies spread over memory as in an engine's arena (of
-    frames `engine_frame`, 13.2 MB for the 31B in bf16). Where the memory lies, apart from the
-    layout: `arena_gib` makes the arena at least that large (the frames used its first ones, the rest never
-    written), `pad_gib` takes that much device memory before any of the case's tensors."""
+    frames `engine_frame`, 13.2 MB for the 31B in bf16)."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
     if wl >= 0 and not whole_table:
         first = max(0, ctx - q_len - wl) // page
     m = math.ceil(ctx / page) - first
-    pad = torch.empty(int(pad_gib * 2**30), device="cuda", dtype=torch.uint8) if pad_gib else None
     g = torch.Generator(device="cuda").manual_seed(seed)
     frames = torch.randperm(batch * m + 1, device="cuda", generator=g).to(torch.int32)
     kv = torch.randn(batch * m + 1, 2 * page * hkv * d, device="cuda", dtype=DTYPE, generator=g).to(kv_dtype)
     k_off = 0
-    if frame is not None or arena_gib:
-        frame_elems, k_off = frame or (kv.shape[1], 0)
+    if frame is not None:
+        frame_elems, k_off = frame
         if k_off < 0 or k_off + kv.shape[1] > frame_elems:
             raise ValueError(f"a frame of {frame_elems} elements has no room for the layer's page of {kv.shape[1]} "
                              f"at offset {k_off} (--frame-kib, --frame-offset-kib)")
-        rows = max(kv.shape[0], int(arena_gib * 2**30) // (frame_elems * kv.element_size()))
-        arena = torch.empty(rows, frame_elems, device="cuda", dtype=kv.dtype)
-        arena[:kv.shape[0], k_off:k_off + kv.shape[1]] = kv
+        arena = torch.empty(kv.shape[0], frame_elems, device="cuda", dtype=kv.dtype)
+        arena[:, k_off:k_off + kv.shape[1]] = kv
         del kv
     else:
         arena = kv
@@ -218,7 +212,7 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, f
     i32 = dict(device="cuda", dtype=torch.int32)
     return Case(q, arena, torch.arange(batch + 1, **i32) * q_len, torch.full((batch,), ctx, **i32),
                 frames[:batch * m].view(batch, m).contiguous(), torch.full((batch,), first, **i32), hkv, page, wl,
-                k_off, pad)
+                k_off)
 
 
 def visible_keys(ctx, q_len, wl):
@@ -274,18 +268,15 @@ def _flex():
 
 
 def decode_case(layer, batch, ctx, peak, try_flex, flex_fn, config=None, splits=None, sdpa=True, whole=False,
-                kv_dtype=DTYPE, frame=None, pad_gib=0.0, arena_gib=0.0):
+                kv_dtype=DTYPE, frame=None):
     hq, hkv, d, window, page = LAYERS[layer]
-    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame,
-                 pad_gib=pad_gib, arena_gib=arena_gib)
+    case = build(batch, ctx, 1, layer, whole_table=whole, seed=ctx + batch, kv_dtype=kv_dtype, frame=frame)
     _, read = visible_keys(ctx, 1, case.wl)
     kv_bytes = batch * read * hkv * d * 2 * case.arena.element_size()  # K and V
     io_bytes = kv_bytes + 2 * case.q.numel() * case.q.element_size()  # q in, the output out
     rec = {"layer": layer, "batch": batch, "ctx": ctx, "page_size": page, "whole_table": whole,
            "kv_dtype": str(case.arena.dtype).removeprefix("torch."), "kv_bytes_read": kv_bytes, "config": config,
-           "frame_elems": case.arena.shape[1], "pad_gib": pad_gib,
-           "arena_gib": round(case.arena.numel() * case.arena.element_size() / 2**30, 2),
-           "arena_at_gib": round(case.arena.data_ptr() / 2**30, 2)}  # its virtual address
+           "frame_elems": case.arena.shape[1]}
     if splits is None:
         max_keys = case.table.shape[1] * page if case.wl < 0 else min(case.table.shape[1] * page, case.wl + 1)
         splits = ta.decode_splits(batch, hkv, max_keys, d, case.q.device)
@@ -609,11 +600,6 @@ def main(argv=None):
                          "--frame-offset-kib, or `engine`: the engine's frames, the page at its group's middle layer's "
                          "offset (build's `frame`: the KV spread over memory as in a step); default: the page alone")
     ap.add_argument("--frame-offset-kib", type=int, default=0, help="with --frame-kib N: the page's offset in a frame")
-    ap.add_argument("--arena-gib", type=float, default=0.0,
-                    help="with --decode-batch: the arena at least this large, the pages in its first frames (where "
-                         "the memory lies, apart from the layout)")
-    ap.add_argument("--pad-gib", type=float, default=0.0,
-                    help="with --decode-batch: this much device memory taken before each case's tensors")
     ap.add_argument("--norms", action="store_true", help="only the q/k/v norm kernel's tiles (norm_cases)")
     ap.add_argument("--norm-tokens", default=",".join(map(str, NORM_TOKENS)),
                     help="step sizes in tokens --norms times, comma-separated")
@@ -682,7 +668,7 @@ def main(argv=None):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
                             splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frame,
-                            pad_gib=args.pad_gib, arena_gib=args.arena_gib)
+)
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

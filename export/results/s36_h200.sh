@@ -166,7 +166,7 @@
 #     p*) a="--pad-gib ${f#p}";; e) a="--frame-kib engine";; esac
 #     OUT=$O/$f-$SECONDS BATCHES=256 TABLES=fma KV=bfloat16 KERNELS_ARGS="$a" bash export/results/s36_h200.sh kernels 60; done
 #   (each record's `arena_at_gib` is its arena's virtual address), then the H200 calls of sessions 46 and 44 above.
-#   (run in session 48: the arena's size and place do not matter; the frame's stride does)
+#   (run in session 48: the arena's size and place do not matter, the frame's stride does; both flags removed since)
 # Session 48 (five H100 calls; export/results/README.md, "Frame strides that camp on the memory stacks"): on an H100
 # every frame stride that is a multiple of 1,280 KiB reads a batched decode's pages at 80 % of the copy bandwidth;
 # frames are padded since (models/layout.py frame_stride), the first 30 layers' batch-256 bf16 step 5.8-7.4 % faster.
