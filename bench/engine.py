@@ -701,9 +701,8 @@ def throughput(a, model, log, ceil, t_start) -> bool:
                  + [promise_for(geometry, n, 1, max(chunks)).frames for n in prompts]) + 16
     mode = None if a.compile_mode == "none" else a.compile_mode
     engine = InductorEngine(model, geometry, frames, mode, a.compile_scope, a.piecewise)
-    arena = engine.arena.tensor  # how large and where (its virtual address): the decode's reads depend on both
-    log({"stage": "arena", "frames": frames, "arena_gib": round(arena.numel() * arena.element_size() / 2**30, 2),
-         "arena_at_gib": round(arena.data_ptr() / 2**30, 2)})
+    log({"stage": "arena", "frames": frames, "frame_bytes": geometry.frame_bytes(),
+         "arena_gib": round(engine.arena.nbytes / 2**30, 2)})
     engine.plan_batches(max(steps + [1]))
     ok = True
     sampling = {"temperature": a.decode_temperature, "top_k": a.decode_top_k, "top_p": a.decode_top_p}

@@ -19,9 +19,10 @@ Frames are laid side by side, so a layer's pages lie a frame apart, and a batche
 of hundreds of frames at once. A frame is padded to a whole number of granules (about 1/128 of it) whose odd
 factor has no 3 or 5: GPUs' memory comes in five or six stacks (an 80 GB H100 has five, an H200 six),
 and a stride whose odd factor shares a prime with that count lands the pages a step reads at once on a share of
-the memory channels. Measured on an H100 (export/results/README.md, session 48): a sliding layer's decode at
-batch 256 read its pages 24 % slower at every frame stride that is a multiple of 1,280 KiB (the 31B's 12.5 MiB
-frame among them) and at the packed speed at every other stride tried; the padding costs the 31B 1 % of its frames.
+the memory channels. Measured on an H100 (export/results/README.md, "Frame strides that camp"): a sliding layer's
+decode at batch 256 read its pages 24 % slower at every frame stride that is a multiple of 1,280 KiB (the 31B's
+12.5 MiB frame among them) and at the packed speed at every other stride tried; the padding costs the 31B 1 % of
+its frames. Engines built with unpadded frames are refused by their manifest's `geometry.frame_elems`.
 """
 from __future__ import annotations
 
@@ -43,14 +44,16 @@ KV_DTYPES = {**DTYPES, "float8_e4m3fn": torch.float8_e4m3fn}
 PAGE_TOKENS = 16  # positions per sliding page: the runtime's default
 ALIGN = 16  # full-group pages are a multiple of this many positions (kernel tiles never straddle one)
 FRAME_GRANULES = 128  # a frame is padded in steps of about 1/128 of it (frame_stride; module docstring)
+MIN_GRANULE = 16  # elements: every frame's row stays a multiple of 16, as the kernels' vector loads assume best
 CAMPING_PRIMES = (3, 5)  # the odd primes of GPUs' memory stack counts, kept out of a frame's granule count
 
 
 def frame_stride(elems: int) -> int:
     """Elements a frame of at least `elems` takes in the arena: the fewest granules (the largest power of two at
-    most 1/FRAME_GRANULES of `elems`) at least as large whose count, halved while even, no prime of CAMPING_PRIMES
-    divides. Arena dtypes are powers of two bytes, so the frame's bytes have the same odd factor."""
-    granule = 1 << max(0, (elems // FRAME_GRANULES).bit_length() - 1)
+    most 1/FRAME_GRANULES of `elems`, and at least MIN_GRANULE) at least as large whose count, halved while even, no
+    prime of CAMPING_PRIMES divides. Arena dtypes are powers of two bytes, so the frame's bytes have the same odd
+    factor."""
+    granule = max(MIN_GRANULE, 1 << max(0, (elems // FRAME_GRANULES).bit_length() - 1))
     n = -(-elems // granule)
     while any(_odd_part(n) % p == 0 for p in CAMPING_PRIMES):
         n += 1

@@ -100,14 +100,15 @@ def _odd(n):
     return n
 
 
-@pytest.mark.parametrize("elems", [1, 3, 48, 8192, 102400, 409600, 6553600, 6553601, 2**23, 3 * 2**20, 15 * 2**20])
+@pytest.mark.parametrize("elems", [1, 3, 48, 80, 8192, 102400, 409600, 6553600, 6553601, 2**23, 3 * 2**20, 15 * 2**20])
 def test_frame_stride_keeps_three_and_five_out_of_the_odd_factor(elems):
-    """The padded frame holds the page, costs at most a few granules of about 1/128 of it, and its odd factor has no
-    3 or 5 once the granule (a power of two) is taken out: a stride of 1,280 KiB or a multiple of it read 24 % slower on
-    an H100, the 31B's 12.5 MiB frame among them."""
+    """The padded frame holds the page, costs at most a few granules of about 1/128 of it (16 elements at least, so
+    rows stay aligned for the kernels' vector loads), and its odd factor has no 3 or 5 once the granule (a power of
+    two) is taken out: a stride of 1,280 KiB or a multiple of it read 24 % slower on an H100, the 31B's 12.5 MiB frame
+    among them."""
     got = frame_stride(elems)
-    granule = 1 << max(0, (elems // 128).bit_length() - 1)
-    assert got >= elems and got % granule == 0 and got - elems < 4 * granule
+    granule = max(16, 1 << max(0, (elems // 128).bit_length() - 1))
+    assert got >= elems and got % granule == 0 and got % 16 == 0 and got - elems < 4 * granule
     assert _odd(got // granule) % 3 and _odd(got // granule) % 5
     if _odd(-(-elems // granule)) % 3 and _odd(-(-elems // granule)) % 5:
         assert got == -(-elems // granule) * granule  # no padding beyond the granule where none is needed
