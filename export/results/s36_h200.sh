@@ -172,8 +172,10 @@
 # frames are padded since (models/layout.py frame_stride), the first 30 layers' batch-256 bf16 step 5.8-7.4 % faster.
 # Its calls are export/results/s48_frames.sh (with git archive --prefix=ab/pre/g4rt/ 39af465 | tar -x, carried). The
 # next calls, on an H200 (needs_h200; no H200 was lent in session 48):
-#   whether the H200 (six stacks) camps, and on which strides:
-#     FRAMES="256 1280 1536 12800 12928 2304 1280 1536" ARMS=" " bash export/results/s48_frames.sh 170
+#   whether the H200 (six stacks) camps, and on which strides; 12,808 and 12,802 KiB tell whether a finer granule
+#   (FRAME_GRANULES 1024 or more: 0.06 % of the 31B's frame instead of 1 %, so 141 GiB holds 4 requests of 262,144
+#   positions again) reads as fast as 12,928 (any card; the H100 too):
+#     FRAMES="256 1280 1536 12800 12928 2304 12808 12802 1280 1536 12808" ARMS=" " bash export/results/s48_frames.sh 200
 #   the whole 31B at batch 256, padded against 39af465, bf16 then e4m3 (a card over 100 GB runs all 60 layers):
 #     FRAMES=" " STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #     FRAMES=" " ARMS="fp8 pre/fp8 pre/fp8 fp8 fp8 pre/fp8" STEPS_CAP=90 bash export/results/s48_frames.sh 560
