@@ -180,6 +180,11 @@
 #     FRAMES=" " STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #     FRAMES=" " ARMS="fp8 pre/fp8 pre/fp8 fp8 fp8 pre/fp8" STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #   then the H200 calls of sessions 46 and 44 above.
+#   any card (both, to compare five stacks with six): whether a weight's row stride camps too (`--row-pad`: each
+#   weight also in rows padded to a stride without 3 or 5; the 31B's hidden 5,376 has a 3, the E4B's 2,560 a 5):
+#     mkdir -p /tmp/pkg && ln -sfn $PWD /tmp/pkg/g4rt; for c in "31b --layers 30" e4b; do PYTHONPATH=/tmp/pkg \
+#       python3 -m g4rt.bench.engine --config $c --out $OUT/m-${c%% *} --skip-hf --matmuls --no-gemv --row-pad \
+#       --batches 1,64,256; done
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
