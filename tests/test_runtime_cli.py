@@ -56,7 +56,8 @@ def test_plan_capacity_in_a_budget(capsys):
     assert r["requests_fit"] == r["frames_in_budget"] // r["request_frames"] == 3
     # a frame holds 16 sliding positions of 50 layers, or 160 full positions of 10 layers (12.5 MiB), padded to
     # 202 granules of 64 KiB (frame_stride): 6,798 frames, 3 requests, where unpadded 6,866 held a fourth's 1,704
-    assert 16 * 819_200 == 160 * 81_920 == 200 * 65_536 and r["frame_bytes"] == 202 * 65_536
+    pages = {g: r[g]["page_tokens"] * r[g]["bytes_per_token"] for g in ("sliding", "full")}
+    assert pages == {"sliding": 200 * 65_536, "full": 200 * 65_536} and r["frame_bytes"] == 202 * 65_536
     text = run_cli(capsys, "plan", "--model", "31b", "--context", "262144", "--memory-gib", "141")
     assert "220.00 GiB" in text and "20.78 GiB" in text and "3 requests" in text
 

@@ -8,6 +8,7 @@
 #    layer's offset), a process each (about 10 s)
 # 2. bench.engine, batch 256 with every sequence decoding, arms $ARMS alternated (a process each of at most
 #    $STEPS_CAP s); on a card of less than 100 GB the first 30 layers (`--layers 30`), else the whole 31B
+# FRAMES=" " or ARMS=" " (a blank, not empty: empty takes the default) skips that part.
 set -u
 BUDGET=${1:-570}
 O=${OUT:?OUT must name the results directory}
