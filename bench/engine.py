@@ -40,7 +40,7 @@ import torch
 
 from g4rt.models.checkpoint import random_model
 from g4rt.models.config import load_config
-from g4rt.models.layout import KV_DTYPES, PageGeometry, frame_stride
+from g4rt.models.layout import KV_DTYPES, PageGeometry
 from g4rt.models.paged import PagedStep
 from g4rt.plugins.buckets import pow2_bucket
 from g4rt.runtime.admission import promise_for
@@ -376,16 +376,14 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
 
 @torch.inference_mode()
 def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: tuple[str, ...] = (),
-                 gemv: bool = True, row_pad: bool = False) -> list[dict]:
+                 gemv: bool = True) -> list[dict]:
     """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
     reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
     checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
     for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
     engines run on CUDA). For the first and last form, batches up to MAX_ROWS also time the Triton skinny
-    matmul (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `row_pad`: a fourth
-    form, the checkpoint layout in rows padded to a stride whose odd factor has no 3 or 5 (`frame_stride`, which
-    keeps the KV frames off the memory stacks' count; the 31B's hidden 5,376 = 21 x 256 has a 3, the E4B's 2,560 a
-    5), cuBLAS only. `roles_like`: only the roles whose name holds one of these (all if empty)."""
+    matmul (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `roles_like`:
+    only the roles whose name holds one of these (all if empty)."""
     from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
     roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (role, weight shape): every layer's weight
 
@@ -406,16 +404,13 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
                 fused.setdefault((f"{kind}.{packed}", (sum(w.shape[0] for w in ws), ws[0].shape[1])), []).append(ws)
     add("lm_head", model.embed_tokens.weight)
     records = []
-    forms = ([(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
-             + [(r, "padded") for r in roles if row_pad])
+    forms = [(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
     forms = [(r, form) for r, form in forms if not roles_like or any(p in r[0] for p in roles_like)]
     for (role, shape), form in forms:
         if form == "concat":
             mats = [torch.cat(ws) for ws in fused[role, shape]]
         elif form == "in_out":
             mats = [w.t().contiguous() for w in roles[role, shape]]
-        elif form == "padded":
-            mats = [padded_rows(w) for w in roles[role, shape]]
         else:
             mats = roles[role, shape]
         nbytes = sum(w.numel() * w.element_size() for w in mats)
@@ -425,9 +420,9 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
             ms = _graph_ms((lambda: [x @ w for w in mats]) if form == "in_out" else
                            (lambda: [torch.nn.functional.linear(x, w) for w in mats]), reps)
             records.append({"stage": "matmul_roles", "role": role, "form": form, "batch": m, "layers": len(mats),
-                            "shape": list(mats[0].shape), "row_stride": mats[0].stride(0), "ms": round(ms, 4),
-                            "GBps": round(nbytes / ms / 1e6, 1), "of_copy_bw": round(nbytes / ms / 1e-3 / bw, 3)})
-            if gemv and form in ("out_in", "concat") and m <= triton_gemv.MAX_ROWS:
+                            "shape": list(mats[0].shape), "ms": round(ms, 4), "GBps": round(nbytes / ms / 1e6, 1),
+                            "of_copy_bw": round(nbytes / ms / 1e-3 / bw, 3)})
+            if gemv and form != "in_out" and m <= triton_gemv.MAX_ROWS:
                 g = gemv_record(x, mats, reps)
                 g.update(role=role, form=f"{form}+gemv", batch=m,
                          of_copy_bw=None if g["ms"] is None else round(nbytes / g["ms"] / 1e-3 / bw, 3))
@@ -435,14 +430,6 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
         del mats
         torch.cuda.empty_cache()
     return records
-
-
-def padded_rows(w: torch.Tensor) -> torch.Tensor:
-    """`w` ([out, in]) copied into rows of `frame_stride(in)` elements: the same matrix, another row stride (cuBLAS
-    takes it as its leading dimension, no copy at the call)."""
-    rows = torch.empty(w.shape[0], frame_stride(w.shape[1]), device=w.device, dtype=w.dtype)
-    rows[:, :w.shape[1]] = w
-    return rows[:, :w.shape[1]]
 
 
 STAGGERED_LENS = (300, 40, 700, 17, 129, 1000)
@@ -769,9 +756,6 @@ def main(argv=None) -> int:
                     help="only time decode's matmuls role by role and layout by layout (matmul_roles)")
     ap.add_argument("--no-gemv", dest="gemv", action="store_false",
                     help="with --matmuls: cuBLAS only, not the Triton skinny matmul's configs")
-    ap.add_argument("--row-pad", action="store_true",
-                    help="with --matmuls: also each weight in rows padded to a stride whose odd factor has no 3 or 5 "
-                         "(the form `padded`: whether a weight's row stride camps on the memory stacks)")
     ap.add_argument("--roles", default="", help="with --matmuls: only the roles whose name holds one of these "
                     "comma-separated parts, e.g. qkv,gate_up,o_proj,down_proj,lm_head (the forms a step runs)")
     ap.add_argument("--profile", action="store_true",
@@ -848,8 +832,7 @@ def main(argv=None) -> int:
          "roofline_tok_s_batch1": roof1["roofline_tok_s_total"], **roof1})
     batches = [int(x) for x in a.batches.split(",") if x]
     if a.matmuls:
-        for r in matmul_roles(model, bw, batches, roles_like=tuple(p for p in a.roles.split(",") if p), gemv=a.gemv,
-                              row_pad=a.row_pad):
+        for r in matmul_roles(model, bw, batches, roles_like=tuple(p for p in a.roles.split(",") if p), gemv=a.gemv):
             log(r)
         return 0
     geometry = PageGeometry.build(model.layout)

@@ -171,16 +171,3 @@ def test_the_samplers_kernels_are_timed_per_call(monkeypatch):
     monkeypatch.setattr(kernels, "kernel_kinds", lambda prof: {"top": top})
     assert kernels._kernels_ms(lambda: calls.append(1), 3) == [["_sample_kernel", 0.3], ["_round_kernel", 0.1]]
     assert len(calls) == 4
-
-
-def test_padded_rows_are_the_same_matrix_with_a_stride_the_stacks_do_not_divide():
-    """`bench.engine --matmuls --row-pad` times each weight in padded rows: the same values and products, a row
-    stride whose odd factor has no 3 or 5 (the 31B's hidden 5,376 = 21 x 256 becomes 5,408 = 169 x 32)."""
-    from g4rt.bench.engine import padded_rows
-
-    w = torch.randn(24, 5376, dtype=torch.float64)
-    p = padded_rows(w)
-    assert p.shape == w.shape and p.stride() == (5408, 1) and torch.equal(p, w)
-    x = torch.randn(3, 5376, dtype=torch.float64)
-    assert torch.allclose(torch.nn.functional.linear(x, p), x @ w.T)
-    assert padded_rows(torch.zeros(4, 4096)).stride(0) == 4096  # a power of two stays as it is

@@ -53,13 +53,14 @@ def test_plan_capacity_in_a_budget(capsys):
                               "--json"))
     assert r["kv_budget_bytes"] == 141 * 2**30 - 2 * 30_697_345_340
     assert r["frames_in_budget"] == r["kv_budget_bytes"] // r["frame_bytes"]
-    assert r["requests_fit"] == r["frames_in_budget"] // r["request_frames"] == 3
+    assert r["requests_fit"] == r["frames_in_budget"] // r["request_frames"] == 4
     # a frame holds 16 sliding positions of 50 layers, or 160 full positions of 10 layers (12.5 MiB), padded to
-    # 202 granules of 64 KiB (frame_stride): 6,798 frames, 3 requests, where unpadded 6,866 held a fourth's 1,704
+    # 1,601 granules of 8 KiB (frame_stride): 6,862 frames, 4 requests of 1,704 (in granules of 64 KiB, 202 of
+    # them, 6,798 frames held 3)
     pages = {g: r[g]["page_tokens"] * r[g]["bytes_per_token"] for g in ("sliding", "full")}
-    assert pages == {"sliding": 200 * 65_536, "full": 200 * 65_536} and r["frame_bytes"] == 202 * 65_536
+    assert pages == {"sliding": 200 * 65_536, "full": 200 * 65_536} and r["frame_bytes"] == 1_601 * 8_192
     text = run_cli(capsys, "plan", "--model", "31b", "--context", "262144", "--memory-gib", "141")
-    assert "220.00 GiB" in text and "20.78 GiB" in text and "3 requests" in text
+    assert "220.00 GiB" in text and "20.78 GiB" in text and "4 requests" in text
 
 
 def test_plan_with_a_one_byte_kv_holds_twice_the_positions(capsys):
@@ -71,8 +72,8 @@ def test_plan_with_a_one_byte_kv_holds_twice_the_positions(capsys):
     assert (fp8["dtype"], fp8["kv_dtype"], bf16["kv_dtype"]) == ("bfloat16", "float8_e4m3fn", "bfloat16")
     assert 2 * fp8["bytes_per_token"] == bf16["bytes_per_token"] and 2 * fp8["frame_bytes"] == bf16["frame_bytes"]
     assert fp8["weight_bytes"] == bf16["weight_bytes"] and fp8["request_frames"] == bf16["request_frames"]
-    assert fp8["frames_in_budget"] == 2 * bf16["frames_in_budget"] + 1  # the budget's odd half frame
-    assert fp8["requests_fit"] == 7 and bf16["requests_fit"] == 3
+    assert fp8["frames_in_budget"] // 2 == bf16["frames_in_budget"]  # twice, or one more where a half frame is left
+    assert fp8["requests_fit"] == 8 and bf16["requests_fit"] == 4
     assert "KV float8_e4m3fn" in run_cli(capsys, *args[:-1], "--kv-dtype", "float8_e4m3fn")
     with pytest.raises(SystemExit):
         main(["plan", "--kv-dtype", "int8"])

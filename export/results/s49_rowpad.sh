@@ -3,6 +3,8 @@
 # engine with every weight in padded rows (next/rowpad: layout.padded_rows at pack_weights) against main.
 #   git archive --prefix=ab/m/g4rt/ main | tar -x; git archive --prefix=ab/rp/g4rt/ next/rowpad | tar -x  # carried
 #   bash export/results/s49_rowpad.sh [budget_s]      # results under $OUT/all.tgz
+# It ran once, on d925dac's tree (export/results/README.md, "Weights in padded rows"); `bench.engine --row-pad` and
+# next/rowpad (h100_s49_rowpad.patch) are gone since, so part 1 needs that tree.
 # 1. bench.engine --matmuls --no-gemv --row-pad on this checkout, the 31B's first 30 layers and the E4B, batches 1,
 #    64, 256: each weight role's cuBLAS matmul on the checkpoint layout and in padded rows ($MATMULS=" " skips)
 # 2. the 31B's decode steps at batches $STEPS (default 64,256), arms $ARMS alternated (default m/bf16 rp/bf16
