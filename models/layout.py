@@ -16,13 +16,14 @@ group's page has `page_tokens` positions; the full group gets as many positions 
 frame, rounded down to a multiple of `align` (so kernel tiles never straddle a page).
 
 Frames are laid side by side, so a layer's pages lie a frame apart, and a batched decode reads one page from each
-of hundreds of frames at once. A frame is padded to a whole number of granules (about 1/1024 of it) whose odd
+of hundreds of frames at once. A frame is padded to a whole number of granules (about 1/512 of it) whose odd
 factor has no 3 or 5: GPUs' memory comes in five or six stacks (an 80 GB H100 has five, an H200 six),
 and a stride whose odd factor shares a prime with that count lands the pages a step reads at once on a share of
 the memory channels. Measured on an H100 (export/results/README.md, "Frame strides that camp"): a sliding layer's
 decode at batch 256 read its pages 24 % slower at every frame stride that is a multiple of 1,280 KiB (the 31B's
-12.5 MiB frame among them) and at the packed speed at every other stride tried, 8 KiB past 12.5 MiB as fast as
-128 KiB past it; the padding costs the 31B 0.06 % of its frames. Engines built with unpadded frames are refused by their manifest's `geometry.frame_elems`.
+12.5 MiB frame among them) and at the packed speed at every other stride tried, 16 and 32 KiB past 12.5 MiB as
+fast as 128 KiB past it (8 KiB past it 1.4 % slower on one of two cards); the padding costs the 31B 0.25 % of its
+frames. Engines built with unpadded frames are refused by their manifest's `geometry.frame_elems`.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 KV_DTYPES = {**DTYPES, "float8_e4m3fn": torch.float8_e4m3fn}
 PAGE_TOKENS = 16  # positions per sliding page: the runtime's default
 ALIGN = 16  # full-group pages are a multiple of this many positions (kernel tiles never straddle one)
-FRAME_GRANULES = 1024  # a frame is padded in steps of about 1/1024 of it (frame_stride; module docstring)
+FRAME_GRANULES = 512  # a frame is padded in steps of about 1/512 of it (frame_stride; module docstring)
 MIN_GRANULE = 16  # elements: every frame's row stays a multiple of 16, as the kernels' vector loads assume best
 CAMPING_PRIMES = (3, 5)  # the odd primes of GPUs' memory stack counts, kept out of a frame's granule count
 

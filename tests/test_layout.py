@@ -100,14 +100,14 @@ def _odd(n):
     return n
 
 
-# elements asked -> the padded frame, worked by hand: the granule is the largest power of two at most 1/1024 of the
+# elements asked -> the padded frame, worked by hand: the granule is the largest power of two at most 1/512 of the
 # frame (16 at least); the granule count steps up until its odd factor has no 3 or 5.
 STRIDES = [(1, 16), (3, 16), (48, 64),  # 16-element granules: 3 -> 4
            (80, 112),  # 5 -> 6 (odd 3) -> 7
            (8192, 8192), (2**23, 2**23),  # powers of two stay
-           (102_400, 102_464), (409_600, 409_856), (6_553_600, 6_557_696),  # 1,600 granules (odd 25) -> 1,601
-           (6_553_601, 6_557_696),  # 1,601 granules (a prime)
-           (3 * 2**20, 3_147_776), (15 * 2**20, 15_736_832)]  # 1,536 -> 1,537, 1,920 -> 1,921
+           (102_400, 102_656), (409_600, 410_624), (6_553_600, 6_569_984),  # 800 granules (odd 25) -> 802 (401)
+           (6_553_601, 6_569_984),  # 801 granules (9 x 89) -> 802
+           (3 * 2**20, 3_149_824), (15 * 2**20, 15_745_024)]  # 768 -> 769, 960 -> 961 (31 x 31)
 
 
 @pytest.mark.parametrize("elems, want", STRIDES)
@@ -122,12 +122,12 @@ def test_frame_stride_keeps_three_and_five_out_of_the_odd_factor(elems, want):
 
 
 def test_frame_stride_of_the_31b():
-    """The 31B's sliding page of 50 layers (12.5 MiB in bf16, 1,600 granules of 8 KiB: 25 odd) grows to 1,601
-    granules (a prime), 12,808 KiB; the e4m3 arena's to 6,404 KiB; a power of two stays as it is."""
-    assert frame_stride(6_553_600) * 2 == 12_808 * 1024
-    assert PageGeometry.build(layout("31b")).frame_bytes() == 12_808 * 1024
+    """The 31B's sliding page of 50 layers (12.5 MiB in bf16, 800 granules of 16 KiB: 25 odd) grows to 802
+    granules (401 odd), 12,832 KiB; the e4m3 arena's to 6,416 KiB; a power of two stays as it is."""
+    assert frame_stride(6_553_600) * 2 == 12_832 * 1024
+    assert PageGeometry.build(layout("31b")).frame_bytes() == 12_832 * 1024
     e4m3 = KVLayout.from_config(load_config("31b"), "float8_e4m3fn")
-    assert PageGeometry.build(e4m3).frame_bytes() == 6_404 * 1024
+    assert PageGeometry.build(e4m3).frame_bytes() == 6_416 * 1024
     assert frame_stride(2**20) == 2**20
 
 

@@ -185,12 +185,13 @@
 #     mkdir -p /tmp/pkg && ln -sfn $PWD /tmp/pkg/g4rt; for c in "31b --layers 30" e4b; do PYTHONPATH=/tmp/pkg \
 #       python3 -m g4rt.bench.engine --config $c --out $OUT/m-${c%% *} --skip-hf --matmuls --no-gemv --row-pad \
 #       --batches 1,64,256; done
-# Session 49 (two H100 calls; export/results/README.md, "Weights in padded rows measured"): weights in padded rows
-# read 1-28 % slower in cuBLAS and made the engine's step 2 % slower (not kept, --row-pad removed); frames 8 KiB past
-# 12.5 MiB read as fast as 128 KiB past it, so frames are padded in granules of about 1/1024 (FRAME_GRANULES). The
-# next calls, on an H200 (needs_h200), with git archive --prefix=ab/pre/g4rt/ 39af465 | tar -x (unpadded frames):
-#   whether the H200 camps, on which strides, and whether this checkout's 12,808 KiB frame reads as fast as 12,928:
-#     FRAMES="256 1280 1536 12800 12928 2304 12808 engine 1280 1536 12808 12928" ARMS=" " bash export/results/s48_frames.sh 200
+# Session 49 (five H100 calls; export/results/README.md, "Weights in padded rows measured"): weights in padded rows
+# read up to 28 % slower in cuBLAS and made the engine's step 2 % slower (not kept, --row-pad removed); frames 16 and
+# 32 KiB past 12.5 MiB read as fast as 128 KiB past it on the cards tried (8 KiB past it 1.4 % slower on one), so
+# frames are padded in granules of about 1/512 (FRAME_GRANULES; the 31B's frame 12,832 KiB). The next calls, on an
+# H200 (needs_h200), with git archive --prefix=ab/pre/g4rt/ 39af465 | tar -x (unpadded frames):
+#   whether the H200 camps, on which strides, and whether this checkout's 12,832 KiB frame reads as fast as 12,928:
+#     FRAMES="256 1280 1536 12800 12928 2304 12808 engine 1280 1536 12832 12928" ARMS=" " bash export/results/s48_frames.sh 200
 #   the whole 31B at batch 256 (and 64), padded against 39af465, bf16 then e4m3:
 #     FRAMES=" " STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #     FRAMES=" " ARMS="fp8 pre/fp8 pre/fp8 fp8 fp8 pre/fp8" STEPS_CAP=90 bash export/results/s48_frames.sh 560
