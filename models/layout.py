@@ -23,7 +23,8 @@ the memory channels. Measured on an H100 (export/results/README.md, "Frame strid
 decode at batch 256 read its pages 24 % slower at every frame stride that is a multiple of 1,280 KiB (the 31B's
 12.5 MiB frame among them) and at the packed speed at every other stride tried, 16 and 32 KiB past 12.5 MiB as
 fast as 128 KiB past it (8 KiB past it 1.4 % slower on one of two cards); the padding costs the 31B 0.25 % of its
-frames. Engines built with unpadded frames are refused by their manifest's `geometry.frame_elems`.
+frames. Engines built with other frames (unpadded, or in other granules) are refused by their manifest's
+`geometry.frame_elems`.
 """
 from __future__ import annotations
 
