@@ -187,7 +187,7 @@ def build(batch, ctx, q_len, layer, whole_table=False, seed=0, kv_dtype=DTYPE, f
     `kv_dtype`. Sliding layers get resident-only tables (first_page > 0) unless `whole_table`. A frame holds the
     layer's page alone, unless `frame` = (elements, K offset): then each frame is that large, the layer's page at
     that offset and the rest never written, so the layer's KV lies spread over memory as in an engine's arena (of
-    frames `engine_frame`, 13.2 MB for the 31B in bf16)."""
+    frames `engine_frame`, 13.1 MB for the 31B in bf16)."""
     hq, hkv, d, window, page = LAYERS[layer]
     wl = window - 1 if window else -1
     first = 0
@@ -667,8 +667,7 @@ def main(argv=None):
                 for n, w, st, splits, regs in ((*t, None, None)[:5] for t in tiles):
                     guarded(res, "decode_sweep", decode_case, layer, b, BATCH_CTX, peak, try_flex=False,
                             flex_fn=None, config=dict(**rows, block_n=n, num_warps=w, num_stages=st, maxnreg=regs),
-                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frame,
-)
+                            splits=splits, sdpa=False, kv_dtype=kv_dtype, frame=frame)
         return _write(res, args.out, t_start)
     try:
         flex_fn = _flex()

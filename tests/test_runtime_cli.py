@@ -55,8 +55,7 @@ def test_plan_capacity_in_a_budget(capsys):
     assert r["frames_in_budget"] == r["kv_budget_bytes"] // r["frame_bytes"]
     assert r["requests_fit"] == r["frames_in_budget"] // r["request_frames"] == 4
     # a frame holds 16 sliding positions of 50 layers, or 160 full positions of 10 layers (12.5 MiB), padded to
-    # 802 granules of 16 KiB (frame_stride): 6,849 frames, 4 requests of 1,704 (in granules of 64 KiB, 202 of
-    # them, 6,798 frames held 3)
+    # 802 granules of 16 KiB (frame_stride): 6,849 frames, 4 requests of 1,704
     pages = {g: r[g]["page_tokens"] * r[g]["bytes_per_token"] for g in ("sliding", "full")}
     assert pages == {"sliding": 200 * 65_536, "full": 200 * 65_536} and r["frame_bytes"] == 802 * 16_384
     text = run_cli(capsys, "plan", "--model", "31b", "--context", "262144", "--memory-gib", "141")
