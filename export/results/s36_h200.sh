@@ -196,6 +196,9 @@
 #     FRAMES=" " STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #     FRAMES=" " ARMS="fp8 pre/fp8 pre/fp8 fp8 fp8 pre/fp8" STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #   then the H200 calls of sessions 46 and 44 above.
+# Session 50 (the H200 refused seven starts; one H100 call, export/results/README.md, "The E2B's large projections'
+# tiles swept"): none of session 49's H200 calls ran; they are still the next ones, the steps call first (it decides
+# the batch-256 target).
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
