@@ -315,7 +315,7 @@ def decode_profile(engine: InductorEngine, model, batch: int, weight_bytes: int,
     return record
 
 
-def _graph_ms(fn, reps: int) -> float:
+def graph_ms(fn, reps: int) -> float:
     """Median GPU time of `fn` captured once as a CUDA graph and replayed (no launch gaps from the host)."""
     fn()
     sync()
@@ -361,7 +361,7 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
             out = torch.full_like(want, float("nan"), dtype=x.dtype)
             tg.gemv(x, mats[0], cfg, out=out, splits=splits)
             err = ((out.float() - want).abs().max() / want.abs().max()).item()
-            ms = _graph_ms(lambda: [tg.gemv(x, w, cfg, splits=splits) for w in mats], reps) if err < 2e-2 else None
+            ms = graph_ms(lambda: [tg.gemv(x, w, cfg, splits=splits) for w in mats], reps) if err < 2e-2 else None
             tried.append({"config": name, "rel_err": round(err, 5), "ms": None if ms is None else round(ms, 4)})
             if ms is not None and (best is None or ms < best[1]):
                 best = (name, ms)
@@ -417,7 +417,7 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
         k = mats[0].shape[0] if form == "in_out" else mats[0].shape[1]
         for m in batches:
             x = torch.randn(m, k, device=mats[0].device, dtype=mats[0].dtype)
-            ms = _graph_ms((lambda: [x @ w for w in mats]) if form == "in_out" else
+            ms = graph_ms((lambda: [x @ w for w in mats]) if form == "in_out" else
                            (lambda: [torch.nn.functional.linear(x, w) for w in mats]), reps)
             records.append({"stage": "matmul_roles", "role": role, "form": form, "batch": m, "layers": len(mats),
                             "shape": list(mats[0].shape), "ms": round(ms, 4), "GBps": round(nbytes / ms / 1e6, 1),

@@ -4,7 +4,8 @@
 (`plans`), through the same record (`bench.engine.gemv_record`: every plan checked against F.linear before
 its timing, the median replay of a CUDA graph of L launches with PDL as in the step, one per weight, L
 distinct random weights, more bytes than L2), with each plan's time a launch beside the time its bytes take at
-the copy bandwidth measured in the same process."""
+the copy bandwidth measured in the same process. `--forms` also times the op's own plan in the forms the step
+runs a packed gate/up in (FORMS), to tell what its epilogue and its prologue cost a launch."""
 from __future__ import annotations
 
 import argparse
@@ -14,9 +15,17 @@ from pathlib import Path
 import torch
 
 from g4rt.bench.common import ceilings, log_json
-from g4rt.bench.engine import gemv_record
+from g4rt.bench.engine import graph_ms, gemv_record
+from g4rt.models import blocks
+from g4rt.plugins import triton_gemv as tg
 
 NAME = "gemv_sweep.jsonl"
+# The forms of one launch `--forms` times: `gelu`, the gated GELU of the weight's two halves (gate rows, then up
+# rows) in the epilogue, as gelu_linear runs a packed gate/up; `norm-gelu`, its input formed in the prologue too,
+# from a residual step and the norm after it (ResidualNorm with out_weight), as add_norm_gelu_linear runs the MLP
+# after the attention's residual step.
+FORMS = ("gelu", "norm-gelu")
+EPS = 1e-6
 
 
 def plans(n: int, k: int) -> list[tuple[tuple[int, int, int, int], int]]:
@@ -34,6 +43,31 @@ def plans(n: int, k: int) -> list[tuple[tuple[int, int, int, int], int]]:
     return out
 
 
+def form_record(form: str, x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
+    """The op's plan for `mats`' shape in `form` (FORMS), its values against the torch blocks in fp64 on the first
+    weight (relative to their largest, before any timing; no time where it is off by more than 16 ulps), then the
+    median replay of a graph of a launch a weight."""
+    n, k = mats[0].shape
+    g = torch.Generator(device=x.device).manual_seed(k)
+    config, splits = tg.gemv_plan(n, k, x.device, packed_gelu=True)
+    res, w1, w2 = (torch.randn(t, device=x.device, generator=g).to(x.dtype) for t in (x.shape, k, k))
+    h = torch.empty_like(res)
+    norm = tg.ResidualNorm(res, w1, w2, EPS, h) if form == "norm-gelu" else None
+
+    def launch(w):
+        return tg.gemv(x, w, config, splits=splits, halves=True, norm=norm)
+
+    d = [t.double() for t in (res, x, w1, w2, mats[0])]
+    want = blocks.add_norm_gelu_linear(*d[:4], EPS, d[4], None)[1] if norm is not None else blocks.gelu_linear(
+        d[1], d[4], None)
+    err = ((launch(mats[0]).double() - want).abs().max() / want.abs().max()).item()
+    # 16 ulps of the largest output: the bound tests/test_plugins_gemv.py holds the prologue's chain of roundings to
+    ms = graph_ms(lambda: [launch(w) for w in mats], reps) if err < 16 * torch.finfo(x.dtype).eps else None
+    return {"stage": "gemv_form", "form": form, "shape": [n, k], "layers": len(mats), "config": [*config, splits],
+            "rel_err": round(err, 5), "ms": None if ms is None else round(ms, 4),
+            "ms_a_launch": None if ms is None else round(ms / len(mats), 5)}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", nargs=2, type=int, action="append", required=True, metavar=("N", "K"),
@@ -41,7 +75,12 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=24, help="distinct weights a graph launches over (default 24)")
     p.add_argument("--reps", type=int, default=20, help="graph replays a plan's median is taken over (default 20)")
     p.add_argument("--out", type=Path, required=True, help=f"results directory (appends {NAME})")
+    p.add_argument("--forms", default="", help=f"also the op's plan in these forms, comma-separated, of {FORMS} "
+                                               "(the shape a packed gate/up: N even)")
     a = p.parse_args(argv)
+    forms = [f for f in a.forms.split(",") if f]
+    if bad := [f for f in forms if f not in FORMS]:
+        p.error(f"--forms: unknown {bad}, expected some of {FORMS}")
     a.out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings(False)
     log_json(a.out, {"stage": "setup", "gpu": torch.cuda.get_device_name(), **ceil}, NAME)
@@ -56,6 +95,8 @@ def main(argv=None) -> int:
             if c.get("ms") is not None:
                 c.update(ms_a_launch=round(c["ms"] / a.layers, 5), of_copy_bw=round(ideal * a.layers / c["ms"], 3))
         log_json(a.out, {**rec, "stage": "gemv_sweep", "ideal_ms_a_launch": round(ideal, 5)}, NAME)
+        for form in forms:
+            log_json(a.out, {**form_record(form, x, mats, a.reps), "ideal_ms_a_launch": round(ideal, 5)}, NAME)
         del mats
     return 0
 

@@ -39,3 +39,34 @@ def test_the_sweep_explains_itself():
     r = subprocess.run([sys.executable, "-m", "g4rt.bench.gemv_sweep", "--help"], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 0 and "--shape N K" in r.stdout and "F.linear" in r.stdout
+
+
+@pytest.mark.parametrize("form", gemv_sweep.FORMS)
+def test_a_form_is_checked_against_the_torch_blocks_before_its_timing(monkeypatch, form):
+    """form_record runs the op's plan with the step's epilogue (and prologue) and compares it with the torch blocks in fp64;
+    a launch whose output is off by more than 16 ulps of its largest value gives no time."""
+    timed = []
+    monkeypatch.setattr(gemv_sweep, "graph_ms", lambda fn, reps: (fn(), timed.append(reps), 2.0)[2])
+    g = torch.Generator().manual_seed(3)
+    mats = [(torch.randn(64, 256, generator=g) / 16).to(torch.bfloat16) for _ in range(2)]
+    x = torch.randn(1, 256, generator=g).to(torch.bfloat16)
+    rec = gemv_sweep.form_record(form, x, mats, reps=5)
+    assert rec["form"] == form and rec["shape"] == [64, 256] and rec["rel_err"] < 16 * torch.finfo(torch.bfloat16).eps
+    assert rec["ms"] == 2.0 and rec["ms_a_launch"] == 1.0 and timed == [5]
+    assert rec["config"] == [*tg.gemv_plan(64, 256, x.device, packed_gelu=True)[0],
+                             tg.gemv_plan(64, 256, x.device, packed_gelu=True)[1]]
+
+
+def test_an_unknown_form_is_refused_by_name(tmp_path):
+    with pytest.raises(SystemExit):
+        gemv_sweep.main(["--shape", "64", "256", "--forms", "gelu,tanh", "--out", str(tmp_path)])
+
+
+def test_a_form_off_the_blocks_gives_no_time(monkeypatch):
+    monkeypatch.setattr(gemv_sweep, "graph_ms", lambda fn, reps: 2.0)
+    monkeypatch.setattr(gemv_sweep.tg, "gemv", lambda x, w, *a, **k: torch.zeros(x.shape[0], w.shape[0] // 2,
+                                                                                   dtype=x.dtype))
+    g = torch.Generator().manual_seed(4)
+    mats = [(torch.randn(64, 256, generator=g) / 16).to(torch.bfloat16)]
+    rec = gemv_sweep.form_record("gelu", torch.randn(1, 256, generator=g).to(torch.bfloat16), mats, reps=5)
+    assert rec["rel_err"] == 1.0 and rec["ms"] is None and rec["ms_a_launch"] is None

@@ -62,7 +62,7 @@ def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
     monkeypatch.setattr(tg, "GEMV_CONFIGS", configs)
     monkeypatch.setattr(engine, "GEMV_SPLITS", ())  # the op's plan for this weight is configs[0], unsplit
     clock = iter([3.0, 2.0, 1.0])
-    monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), next(clock))[1])
+    monkeypatch.setattr(engine, "graph_ms", lambda fn, reps: (fn(), next(clock))[1])
     g = torch.Generator().manual_seed(2)
     mats = [torch.randn(32, 256, generator=g).to(torch.bfloat16) for _ in range(2)]
     rec = engine.gemv_record(torch.randn(1, 256, generator=g).to(torch.bfloat16), mats, reps=3)
@@ -70,7 +70,7 @@ def test_the_bench_records_each_config_and_the_fastest(monkeypatch):
     assert rec["op_config"] == [*configs[0], 1] and rec["op_ms"] == 3.0
     assert [c["ms"] for c in rec["configs"][:3]] == [3.0, 2.0, 1.0] and all(c["rel_err"] < 2e-2 for c in rec["configs"][:3])
     assert "error" in rec["configs"][3]
-    monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), 1.0)[1])
+    monkeypatch.setattr(engine, "graph_ms", lambda fn, reps: (fn(), 1.0)[1])
     rows = torch.randn(tg.SKINNY_ROWS + 1, 256, generator=g).to(torch.bfloat16)  # the op runs a BLAS library
     rec = engine.gemv_record(rows, mats, reps=3)
     assert rec["op_config"] is None and rec["op_ms"] is None and not rec["op_takes_kernel"]
@@ -85,7 +85,7 @@ def test_the_bench_times_each_role_over_weights_of_one_shape(monkeypatch):
 
     from g4rt.bench import engine
     from g4rt.models.checkpoint import random_model
-    monkeypatch.setattr(engine, "_graph_ms", lambda fn, reps: (fn(), 1.0)[1])  # runs each form's matmuls once
+    monkeypatch.setattr(engine, "graph_ms", lambda fn, reps: (fn(), 1.0)[1])  # runs each form's matmuls once
     monkeypatch.setattr(engine, "gemv_record", lambda x, mats, reps: {"stage": "matmul_roles", "ms": 1.0})
     cfg = tiny_config("e2b")
     model = random_model(cfg, torch.float32, "cpu", seed=0)
