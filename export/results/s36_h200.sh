@@ -196,9 +196,13 @@
 #     FRAMES=" " STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #     FRAMES=" " ARMS="fp8 pre/fp8 pre/fp8 fp8 fp8 pre/fp8" STEPS_CAP=90 bash export/results/s48_frames.sh 560
 #   then the H200 calls of sessions 46 and 44 above.
-# Session 50 (the H200 refused seven starts; one H100 call, export/results/README.md, "The E2B's large projections'
+# Session 50 (the H200 refused nine starts; two H100 calls, export/results/README.md, "The E2B's large projections'
 # tiles swept"): none of session 49's H200 calls ran; they are still the next ones, the steps call first (it decides
-# the batch-256 target).
+# the batch-256 target). Its call 2 timed the step's forms of a packed gate/up alone (the residual step's norms in
+# the prologue: 0.8-4.1 us a launch, paid again by each program that starts after the first two an SM), the call
+# that tells a gemv whose programs take several column blocks (not built) from main:
+#   python3 -m g4rt.bench.gemv_sweep --shape 12288 1536 --shape 24576 1536 --shape 20480 2560 --reps 15 \
+#     --forms gelu,norm-gelu --out $OUT/forms
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
