@@ -48,18 +48,19 @@ def form_record(form: str, x: torch.Tensor, mats: list[torch.Tensor], reps: int)
     weight (relative to their largest, before any timing; no time where it is off by more than 16 ulps), then the
     median replay of a graph of a launch a weight."""
     n, k = mats[0].shape
-    g = torch.Generator(device=x.device).manual_seed(k)
     config, splits = tg.gemv_plan(n, k, x.device, packed_gelu=True)
-    res, w1, w2 = (torch.randn(t, device=x.device, generator=g).to(x.dtype) for t in (x.shape, k, k))
-    h = torch.empty_like(res)
-    norm = tg.ResidualNorm(res, w1, w2, EPS, h) if form == "norm-gelu" else None
+    norm, w64 = None, mats[0].double()
+    if form == "norm-gelu":
+        g = torch.Generator(device=x.device).manual_seed(k)
+        res, w1, w2 = (torch.randn(t, device=x.device, generator=g).to(x.dtype) for t in (x.shape, k, k))
+        norm = tg.ResidualNorm(res, w1, w2, EPS, torch.empty_like(res))
+        want = blocks.add_norm_gelu_linear(res.double(), x.double(), w1.double(), w2.double(), EPS, w64, None)[1]
+    else:
+        want = blocks.gelu_linear(x.double(), w64, None)
 
     def launch(w):
         return tg.gemv(x, w, config, splits=splits, halves=True, norm=norm)
 
-    d = [t.double() for t in (res, x, w1, w2, mats[0])]
-    want = blocks.add_norm_gelu_linear(*d[:4], EPS, d[4], None)[1] if norm is not None else blocks.gelu_linear(
-        d[1], d[4], None)
     err = ((launch(mats[0]).double() - want).abs().max() / want.abs().max()).item()
     # 16 ulps of the largest output: the bound tests/test_plugins_gemv.py holds the prologue's chain of roundings to
     ms = graph_ms(lambda: [launch(w) for w in mats], reps) if err < 16 * torch.finfo(x.dtype).eps else None

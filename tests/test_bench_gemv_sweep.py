@@ -43,8 +43,8 @@ def test_the_sweep_explains_itself():
 
 @pytest.mark.parametrize("form", gemv_sweep.FORMS)
 def test_a_form_is_checked_against_the_torch_blocks_before_its_timing(monkeypatch, form):
-    """form_record runs the op's plan with the step's epilogue (and prologue) and compares it with the torch blocks in fp64;
-    a launch whose output is off by more than 16 ulps of its largest value gives no time."""
+    """form_record runs the op's plan with the step's epilogue (and prologue) and compares it with the torch blocks
+    in fp64; a launch whose output is off by more than 16 ulps of its largest value gives no time."""
     timed = []
     monkeypatch.setattr(gemv_sweep, "graph_ms", lambda fn, reps: (fn(), timed.append(reps), 2.0)[2])
     g = torch.Generator().manual_seed(3)
@@ -53,8 +53,8 @@ def test_a_form_is_checked_against_the_torch_blocks_before_its_timing(monkeypatc
     rec = gemv_sweep.form_record(form, x, mats, reps=5)
     assert rec["form"] == form and rec["shape"] == [64, 256] and rec["rel_err"] < 16 * torch.finfo(torch.bfloat16).eps
     assert rec["ms"] == 2.0 and rec["ms_a_launch"] == 1.0 and timed == [5]
-    assert rec["config"] == [*tg.gemv_plan(64, 256, x.device, packed_gelu=True)[0],
-                             tg.gemv_plan(64, 256, x.device, packed_gelu=True)[1]]
+    config, splits = tg.gemv_plan(64, 256, x.device, packed_gelu=True)
+    assert rec["config"] == [*config, splits]
 
 
 def test_an_unknown_form_is_refused_by_name(tmp_path):
