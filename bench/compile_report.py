@@ -9,7 +9,8 @@ its TTGIR (where the loop's copies and matmuls sit, their layouts), PTX and SASS
         [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
         [--kv-dtype float8_e4m3fn] [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
-    python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--dtype bfloat16] [--arch 90] [--ir DIR]
+    python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--form plain] [--gemv-programs 0]
+        [--dtype bfloat16] [--arch 90] [--ir DIR]
     python -m g4rt.bench.compile_report --sampler [--chunks 64] [--arch 90] [--ir DIR]
 
 The launch is `paged_attention`'s: its default_config with `--config` over it, the kernel it picks for that
@@ -110,16 +111,33 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
             **compile_for(fn, sig, const, aligned, source, options, arch)}
 
 
-def gemv_report(*, n: int, k: int, rows: int = 1, dtype: str = "bfloat16", arch: int = 90) -> dict:
-    """Compile `_gemv_kernel` as `skinny_linear` launches it for `rows` rows against a weight [n, k] (no epilogue):
-    gemv_plan's tile and runs over K for an H200's SMs; returns the tile, runs and programs (column blocks x runs)
-    with what compile_for returns."""
+# gemv_report's forms: the kernel as skinny_linear launches it, as gelu_linear launches a packed gate/up (its gated
+# GELU in the epilogue), and as add_norm_gelu_linear launches one after the attention's residual step (its norms in
+# the prologue too)
+GEMV_FORMS = {"plain": (0, 0), "gelu": (1, 0), "norm-gelu": (1, 2)}
+
+
+def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", programs: int | None = None,
+                dtype: str = "bfloat16", arch: int = 90) -> dict:
+    """Compile `_gemv_kernel` as the ops launch it for `rows` rows against a weight [n, k] in `form` (GEMV_FORMS):
+    gemv_plan's tile and runs over K for an H200's SMs, on `programs` programs over the column blocks (gemv's;
+    default the op's: prologue_programs for norm-gelu, else a program a block); returns the tile, runs, programs
+    (launched, of column blocks x runs) and whether they stride over the blocks, with what compile_for returns."""
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if not 1 <= rows <= tg.MAX_ROWS:
         raise ValueError(f"rows must be 1-{tg.MAX_ROWS}, got {rows}")
-    config, runs = tg.gemv_plan(n, k, torch.device("cpu"))
-    const, _ = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32")
+    if form not in GEMV_FORMS:
+        raise ValueError(f"form must be one of {', '.join(GEMV_FORMS)}, got {form!r}")
+    if programs is not None and programs < 1:
+        raise ValueError(f"--gemv-programs must be at least 1, got {programs}")
+    gelu, norm = GEMV_FORMS[form]
+    cpu = torch.device("cpu")
+    config, runs = tg.gemv_plan(n, k, cpu, packed_gelu=gelu == 1)
+    if programs is None and norm:
+        programs = tg.prologue_programs(n, config, runs, cpu)
+    const, _ = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32", gelu=gelu, norm=norm,
+                                    programs=programs)
     const["PDL"] = arch >= 90
     fn, t = tg._gemv_kernel, TRITON_DTYPES[dtype]
     sig = {name: "i32" for name in fn.arg_names} | {name: f"*{t}" for name in fn.arg_names if name.endswith("_ptr")}
@@ -127,8 +145,9 @@ def gemv_report(*, n: int, k: int, rows: int = 1, dtype: str = "bfloat16", arch:
     aligned = [name for name in fn.arg_names if name.endswith("_ptr")]
     report = compile_for(fn, sig, const, aligned, triton.compiler.ASTSource,
                          {"num_warps": config[2], "num_stages": config[3]}, arch)
-    return {"kernel": fn.__name__, "config": list(config), "runs": const["SPLITS"],
-            "programs": triton.cdiv(n, config[0]) * const["SPLITS"], **report}
+    return {"kernel": fn.__name__, "form": form, "config": list(config), "runs": const["SPLITS"],
+            "programs": programs if const["STRIDED"] else triton.cdiv(n, config[0]) * const["SPLITS"],
+            "strided": const["STRIDED"], **report}
 
 
 def sampler_report(*, chunks: int = 64, arch: int = 90) -> list[dict]:
@@ -210,6 +229,12 @@ def main(argv=None):
     ap.add_argument("--gemv", type=int, nargs=2, metavar=("N", "K"),
                     help="the skinny matmul's launch for a weight [N, K] instead (gemv_plan's tile and runs)")
     ap.add_argument("--rows", type=int, default=1, help="with --gemv: rows of x (1-128)")
+    ap.add_argument("--form", default="plain", choices=sorted(GEMV_FORMS),
+                    help="with --gemv: the launch's form (gelu: the packed gate/up's GELU in the epilogue; "
+                         "norm-gelu: the residual step's norms in the prologue too)")
+    ap.add_argument("--gemv-programs", type=int, default=None,
+                    help="with --gemv: programs over the column blocks (default the op's; fewer than the blocks: "
+                         "each takes every P-th)")
     ap.add_argument("--sampler", action="store_true",
                     help="the token sampler's kernels instead (sampler_report), a JSON line each")
     ap.add_argument("--chunks", type=int, default=64,
@@ -243,7 +268,8 @@ def main(argv=None):
         return 0
     if args.gemv:
         try:
-            report = gemv_report(n=args.gemv[0], k=args.gemv[1], rows=args.rows, dtype=args.dtype, arch=args.arch)
+            report = gemv_report(n=args.gemv[0], k=args.gemv[1], rows=args.rows, form=args.form,
+                                 programs=args.gemv_programs, dtype=args.dtype, arch=args.arch)
         except ValueError as e:
             ap.error(str(e))
         return emit(report, args, "gemv")
