@@ -136,13 +136,16 @@ def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", programs:
     config, runs = tg.gemv_plan(n, k, cpu, packed_gelu=gelu == 1)
     if programs is None and norm:
         programs = tg.prologue_programs(n, config, runs, cpu)
-    const, _ = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32", gelu=gelu, norm=norm,
-                                    programs=programs)
+    const, split_k = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32", gelu=gelu, norm=norm,
+                                          programs=programs)
     const["PDL"] = arch >= 90
     fn, t = tg._gemv_kernel, TRITON_DTYPES[dtype]
     sig = {name: "i32" for name in fn.arg_names} | {name: f"*{t}" for name in fn.arg_names if name.endswith("_ptr")}
     sig.update(part_ptr="*fp32", lock_ptr="*i32", eps="fp32", **{name: "constexpr" for name in const})
-    aligned = [name for name in fn.arg_names if name.endswith("_ptr")]
+    # the integers the JIT marks 16-divisible in gemv's launch (x, w contiguous; out [rows, n or n/2]; no up)
+    ints = dict(M=rows, N=n, K=k, split_k=split_k, stride_x=k, stride_w=k, stride_out=n // 2 if gelu == 1 else n,
+                stride_up=0)
+    aligned = [name for name in fn.arg_names if name.endswith("_ptr")] + [name for name, v in ints.items() if v % 16 == 0]
     report = compile_for(fn, sig, const, aligned, triton.compiler.ASTSource,
                          {"num_warps": config[2], "num_stages": config[3]}, arch)
     return {"kernel": fn.__name__, "form": form, "config": list(config), "runs": const["SPLITS"],
