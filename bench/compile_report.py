@@ -121,7 +121,7 @@ def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", programs:
                 dtype: str = "bfloat16", arch: int = 90) -> dict:
     """Compile `_gemv_kernel` as the ops launch it for `rows` rows against a weight [n, k] in `form` (GEMV_FORMS):
     gemv_plan's tile and runs over K for an H200's SMs, on `programs` programs over the column blocks (gemv's;
-    default the op's: prologue_programs for norm-gelu, else a program a block); returns the tile, runs, programs
+    default the op's, a program a block); returns the tile, runs, programs
     (launched, of column blocks x runs) and whether they stride over the blocks, with what compile_for returns."""
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
@@ -132,10 +132,7 @@ def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", programs:
     if programs is not None and programs < 1:
         raise ValueError(f"--gemv-programs must be at least 1, got {programs}")
     gelu, norm = GEMV_FORMS[form]
-    cpu = torch.device("cpu")
-    config, runs = tg.gemv_plan(n, k, cpu, packed_gelu=gelu == 1)
-    if programs is None and norm:
-        programs = tg.prologue_programs(n, config, runs, cpu)
+    config, runs = tg.gemv_plan(n, k, torch.device("cpu"), packed_gelu=gelu == 1)
     const, split_k = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32", gelu=gelu, norm=norm,
                                           programs=programs)
     const["PDL"] = arch >= 90
@@ -236,8 +233,8 @@ def main(argv=None):
                     help="with --gemv: the launch's form (gelu: the packed gate/up's GELU in the epilogue; "
                          "norm-gelu: the residual step's norms in the prologue too)")
     ap.add_argument("--gemv-programs", type=int, default=None,
-                    help="with --gemv: programs over the column blocks (default the op's; fewer than the blocks: "
-                         "each takes every P-th)")
+                    help="with --gemv: programs over the column blocks (default a program a block; fewer than "
+                         "the blocks: each takes every P-th)")
     ap.add_argument("--sampler", action="store_true",
                     help="the token sampler's kernels instead (sampler_report), a JSON line each")
     ap.add_argument("--chunks", type=int, default=64,

@@ -58,12 +58,9 @@ def form_record(form: str, x: torch.Tensor, mats: list[torch.Tensor], reps: int,
         res, w1, w2 = (torch.randn(t, device=x.device, generator=g).to(x.dtype) for t in (x.shape, k, k))
         norm = tg.ResidualNorm(res, w1, w2, EPS, torch.empty_like(res))
         want = blocks.add_norm_gelu_linear(res.double(), x.double(), w1.double(), w2.double(), EPS, w64, None)[1]
-        programs = tg.prologue_programs(n, config, splits, x.device)
     else:
         want = blocks.gelu_linear(x.double(), w64, None)
-        programs = None
-    if per_sm is not None:
-        programs = per_sm * tg.sm_count(x.device) or None
+    programs = per_sm and per_sm * tg.sm_count(x.device) or None
 
     def launch(w):
         return tg.gemv(x, w, config, splits=splits, halves=True, norm=norm, programs=programs)

@@ -76,13 +76,6 @@ NARROW_BYTES = 32 << 20
 # 3.912, the split down_proj slower (export/results/README.md, "A launch's fixed cost").
 PACKED_GELU_CONFIG = (*MODEL_CONFIG[:3], 3)
 PACKED_GELU_MIN_K = 2560
-# An unsplit launch with the residual step in its prologue (ResidualNorm) whose column blocks outnumber
-# PROLOGUE_PROGRAMS programs an SM runs that many programs, each taking every P-th block in one loop over their
-# K tiles (gemv's `programs`; the same bits): a program forms its input rows once, where a program a block forms
-# them again in every block that starts after the first PROLOGUE_PROGRAMS an SM. On an H100 alone the prologue
-# cost the E2B's double-wide gate/up (384 blocks) 2.4 us a launch and the E4B's (320 blocks) 4.1, the E2B's
-# 192-block gate/up 0.8 (export/results/README.md, "The E2B's large projections' tiles swept").
-PROLOGUE_PROGRAMS = 2
 # (block_n, block_k, num_warps, num_stages) the bench sweeps; the first is the default.
 GEMV_CONFIGS = [(16, 512, 4, 3), (16, 256, 4, 4), (32, 256, 4, 4), (32, 512, 8, 3), (64, 128, 4, 4),
                 (64, 256, 8, 3), (16, 1024, 8, 2), (128, 128, 8, 3)]
@@ -369,14 +362,6 @@ def gemv_plan(n: int, k: int, device: torch.device,
     return NARROW_CONFIGS[-1], 1
 
 
-def prologue_programs(n: int, config: tuple[int, int, int, int], splits: int, device: torch.device) -> int | None:
-    """gemv's `programs` for a launch with the residual step in its prologue against a weight of n rows on tile
-    `config` cut in `splits` runs: PROLOGUE_PROGRAMS an SM where it is unsplit and its column blocks are more,
-    else None (a program a block)."""
-    programs = PROLOGUE_PROGRAMS * sm_count(device)
-    return programs if splits == 1 and triton.cdiv(n, config[0]) > programs else None
-
-
 def takes_gemv(rows: int, w: torch.Tensor) -> bool:
     """Whether `g4rt::skinny_linear` runs the kernel for `rows` rows of x against weight `w`: at most
     SKINNY_ROWS rows (cuBLAS beyond), and a weight that gemv_plan gives every SM a program of MODEL_CONFIG
@@ -429,8 +414,7 @@ def _skinny_linear_op(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 def _planned_gemv(x: torch.Tensor, w: torch.Tensor, **epilogue) -> torch.Tensor:
     """gemv on gemv_plan's tile and splits for w: the launch both ops share, so their sums are the same."""
     config, splits = gemv_plan(*w.shape, x.device, packed_gelu=epilogue.get("halves", False))
-    programs = None if epilogue.get("norm") is None else prologue_programs(w.shape[0], config, splits, x.device)
-    return gemv(x.contiguous(), w, config, splits=splits, programs=programs, **epilogue)
+    return gemv(x.contiguous(), w, config, splits=splits, **epilogue)
 
 
 @_skinny_linear_op.register_fake

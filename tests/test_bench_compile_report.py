@@ -241,11 +241,11 @@ def test_the_skinny_matmul_on_its_plan_compiles_and_the_attention_launch_names_w
     assert r.returncode == 2 and "needs --q-heads, --kv-heads" in r.stderr
 
 
-def test_the_gate_up_with_its_prologue_compiles_strided_over_its_column_blocks():
-    """--form norm-gelu: the E4B's packed gate/up [20,480 x 2,560] as add_norm_gelu_linear launches it, 264
-    programs (2 an SM of an H200's 132) over its 320 column blocks; with --gemv-programs 320 a program a block;
+def test_the_gate_up_with_its_prologue_compiles_on_a_program_a_block_or_strided():
+    """--form norm-gelu: the E4B's packed gate/up [20,480 x 2,560] as add_norm_gelu_linear launches it, a program
+    for each of its 320 column blocks; with --gemv-programs 264 (2 an SM of an H200's 132) strided over them;
     --gemv-programs 0 refused by name."""
-    for extra, strided, programs in (((), True, 264), (("--gemv-programs", "320"), False, 320)):
+    for extra, strided, programs in (((), False, 320), (("--gemv-programs", "264"), True, 264)):
         r = run("--gemv", "20480", "2560", "--form", "norm-gelu", *extra)
         assert r.returncode == 0, r.stderr[-3000:]
         got = json.loads(r.stdout.strip().splitlines()[-1])

@@ -370,30 +370,6 @@ def test_fewer_programs_than_column_blocks_give_the_same_bits(m):
         tg.gemv(x, w, config, splits=3, programs=2)
 
 
-def test_a_prologue_launch_of_more_blocks_than_two_programs_an_sm_takes_that_many(monkeypatch):
-    """prologue_programs on the H200's 132 SMs: the E4B's packed gate/up (320 blocks) and the E2B's double-wide
-    one (384) on 264 programs, the E2B's (192) and any cut over K a program a block; and
-    `g4rt::add_norm_gelu_linear` launches that plan (the SMs made 2: 4 programs over a weight's 10 blocks), to
-    the bit what a program a block gives."""
-    cpu = torch.device("cpu")
-    for n, k, want in ((20480, 2560, 264), (24576, 1536, 264), (12288, 1536, None), (1536, 6144, None)):
-        config, splits = tg.gemv_plan(n, k, cpu, packed_gelu=True)
-        assert tg.prologue_programs(n, config, splits, cpu) == want, (n, k)
-    monkeypatch.setattr(tg, "sm_count", lambda device: 2)
-    g = torch.Generator().manual_seed(12)
-    res, x = torch.randn(2, 96, generator=g), torch.randn(2, 96, generator=g)
-    w1, w2 = 1 + 0.2 * torch.randn(96, generator=g), 1 + 0.2 * torch.randn(96, generator=g)
-    w = torch.randn(640, 96, generator=g) / 96 ** 0.5
-    launches, gemv = [], tg.gemv
-    monkeypatch.setattr(tg, "gemv", lambda *a, **kw: launches.append(kw["programs"]) or gemv(*a, **kw))
-    h, y = torch.ops.g4rt.add_norm_gelu_linear(res, x, w1, w2, 1e-6, w, None)
-    monkeypatch.undo()
-    assert launches == [4]
-    want_h = torch.empty_like(res)
-    want = tg.gemv(x, w, tg.MODEL_CONFIG, halves=True, norm=tg.ResidualNorm(res, w1, w2, 1e-6, want_h))
-    assert torch.equal(y, want) and torch.equal(h, want_h)
-
-
 @pytest.mark.parametrize("rows", [17, 64, 100])
 def test_serving_rows_take_a_row_tile_of_their_own_and_split_the_same_way(rows):
     """More than 16 rows (a serving batch) run in one row tile of the next power of two: every row within
