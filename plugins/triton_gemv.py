@@ -184,8 +184,7 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
     k_lo = tl.program_id(1) * split_k
     k_hi = tl.minimum(k_lo + split_k, K)
     k = k_lo + tl.arange(0, BLOCK_K)
-    even = EVEN_N and EVEN_K
-    w = _weight_tile(w_rows, k, K, n_ok, even)  # no kernel writes weights: read before the wait
+    w = _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K)  # no kernel writes weights: read before the wait
     await_inputs(PDL)
     if NORM:
         own = in_ptr + (pid * tl.num_programs(1) + tl.program_id(1)).to(tl.int64) * M * K
@@ -209,12 +208,12 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
                 _, n_ok, row = _block_rows(blk, N, BLOCK_N, GELU)
                 w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_w
             k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, even), x_rows, k, K, m_ok, UPCAST, PREC)
+            acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
         _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, blk, N, BLOCK_M, BLOCK_N, GELU)
     else:
         for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
             k = k0 + tl.arange(0, BLOCK_K)
-            acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, even), x_rows, k, K, m_ok, UPCAST, PREC)
+            acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
         if SPLITS == 1:
             _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
         else:
