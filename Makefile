@@ -34,16 +34,24 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+# The Triton of the GPU machines' image, beside the venv's (not on its path): the tests compile the kernels with it
+# for sm_90 on the CPU (tests/test_device_triton.py), since the venv's newer Triton accepts code the image's rejects.
+DEVICE_TRITON ?= triton==3.6.0
+DEVICE_TRITON_DIR := $(VENV)/triton-device
+$(DEVICE_TRITON_DIR)/.installed: $(STAMP)
+	$(BIN)/pip install -q --no-deps --target $(DEVICE_TRITON_DIR) "$(DEVICE_TRITON)"
+	touch $@
+
 # The main job: the ONNX Runtime engine of the model (built once into $(ENGINE)), then generation
 # through the paged runtime. MODEL=dir uses a Hugging Face checkpoint directory instead of `tiny`.
 run: $(STAMP)
 	test -f $(ENGINE)/manifest.json || $(BIN)/g4rt build --model $(MODEL) --backend onnxruntime --out $(ENGINE)
 	$(BIN)/g4rt generate --engine $(ENGINE) --prompt "$(PROMPT)" --max-new-tokens $(TOKENS)
 
-test: $(STAMP)
+test: $(STAMP) $(DEVICE_TRITON_DIR)/.installed
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) $(DEVICE_TRITON_DIR)/.installed
 	TRITON_INTERPRET=1 $(BIN)/python -m pytest -q -m "not slow" $(PYTEST_ARGS)
 
 plan: $(STAMP)

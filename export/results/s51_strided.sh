@@ -5,7 +5,7 @@
 #   bash export/results/s51_strided.sh [budget_s]          # results under $OUT/all.tgz
 # Trees: new = this checkout; any other T = ab/T, carried:
 #   git archive --prefix=ab/strided/g4rt/ HEAD | tar -x; (cd ab/strided/g4rt && patch -p1 < ../../../export/results/s51_strided_plan.patch)
-#   git archive --prefix=ab/chunk/g4rt/ HEAD | tar -x; (cd ab/chunk/g4rt && git apply ../../../export/results/s51_chunked_prologue.patch)
+#   git archive --prefix=ab/chunk/g4rt/ HEAD | tar -x; (cd ab/chunk/g4rt && patch -p1 < ../../../export/results/s51_chunked_prologue.patch)
 # 1. the device's Triton's compile of the norm-gelu launch on the three shapes below, a program a block and 264
 #    programs strided, for each tree of $CR_TREES (default "new chunk"): `bench.compile_report --gemv N K --form
 #    norm-gelu [--gemv-programs 264]`, one JSON line each (less its IR) in $OUT/compile.jsonl
@@ -13,7 +13,7 @@
 #    gelu,norm-gelu --programs 2,3` on the E2B's packed gate/up [12,288 x 1,536] and double-wide one [24,576 x
 #    1,536] and the E4B's [20,480 x 2,560] (each form on the plan, a program a block, then 2 and 3 programs an SM,
 #    in one process, against each other), $FORMS_REPS rounds (default 1)
-# 3. the batch-1 steps of $MODELS (default e4b), arms $ARMS alternated (default "new strided chunk new strided
+# 3. the batch-1 steps of $MODELS (default e4b), arms $ARMS alternated (default "new chunk strided new chunk strided
 #    chunk"), a process each of at most $B1_CAP s (default 65): `bench.engine --config M --skip-hf --batches 1
 #    --new-tokens 32 --profile`
 set -u
@@ -39,6 +39,6 @@ for r in $(seq "${FORMS_REPS:-1}"); do
       --out "$OUT/forms_${t}_$r"
   done
 done
-batch1 "${B1_CAP:-65}" "e4b" "new strided chunk new strided chunk"
+batch1 "${B1_CAP:-65}" "e4b" "new chunk strided new chunk strided"
 finish_call
 cd "$OUT" && tar czf /tmp/all.tgz . && find . -mindepth 1 -delete && mv /tmp/all.tgz all.tgz
