@@ -203,11 +203,11 @@
 # that tells a gemv whose programs take several column blocks (not built) from main:
 #   python3 -m g4rt.bench.gemv_sweep --shape 12288 1536 --shape 24576 1536 --shape 20480 2560 --reps 15 \
 #     --forms gelu,norm-gelu --out $OUT/forms
-# Session 51 (no machine lent: the H200 and the H100 refused every start): nothing above ran. Built on the CPU
-# machine: gemv's `programs` (a launch strided over its column blocks, the same bits) and two arms as patches,
-# `s51_strided_plan.patch` and `s51_chunked_prologue.patch`; their calls are in `s51_strided.sh`'s header and
-# export/results/README.md, "The skinny matmul on fewer programs than column blocks". The H200 calls of session 49
-# above are still the next ones on an H200.
+# Session 51 (the H200 refused every start; two short H100 calls): nothing above ran. gemv's `programs` (a launch
+# strided over its column blocks, the same bits) and two arms as patches, `s51_strided_plan.patch` (unmeasured) and
+# `s51_chunked_prologue.patch` (the E4B's step 3.2 % slower: not kept); the next call is in export/results/README.md,
+# "The skinny matmul on fewer programs than column blocks". The H200 calls of session 49 above are still the next
+# ones on an H200.
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART
