@@ -9,7 +9,7 @@ its TTGIR (where the loop's copies and matmuls sit, their layouts), PTX and SASS
         [--decode [--splits 1] [--programs-per-sm 0] [--write] [--norm]] [--window] [--dtype bfloat16]
         [--kv-dtype float8_e4m3fn] [--config '{"num_stages": 3}']
         [--arch 90] [--ir DIR]
-    python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--form plain] [--gemv-programs 0]
+    python -m g4rt.bench.compile_report --gemv 5376 21504 [--rows 1] [--form plain]
         [--dtype bfloat16] [--arch 90] [--ir DIR]
     python -m g4rt.bench.compile_report --sampler [--chunks 64] [--arch 90] [--ir DIR]
 
@@ -117,24 +117,20 @@ def attention_report(*, head_dim: int, page: int, q_heads: int, kv_heads: int, d
 GEMV_FORMS = {"plain": (0, 0), "gelu": (1, 0), "norm-gelu": (1, 2)}
 
 
-def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", programs: int | None = None,
-                dtype: str = "bfloat16", arch: int = 90) -> dict:
+def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", dtype: str = "bfloat16",
+                arch: int = 90) -> dict:
     """Compile `_gemv_kernel` as the ops launch it for `rows` rows against a weight [n, k] in `form` (GEMV_FORMS):
-    gemv_plan's tile and runs over K for an H200's SMs, on `programs` programs over the column blocks (gemv's;
-    default the op's, a program a block); returns the tile, runs, programs
-    (launched, of column blocks x runs) and whether they stride over the blocks, with what compile_for returns."""
+    gemv_plan's tile and runs over K for an H200's SMs; returns the tile, runs, programs (column blocks x runs),
+    with what compile_for returns."""
     if dtype not in TRITON_DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(TRITON_DTYPES)}, got {dtype!r}")
     if not 1 <= rows <= tg.MAX_ROWS:
         raise ValueError(f"rows must be 1-{tg.MAX_ROWS}, got {rows}")
     if form not in GEMV_FORMS:
         raise ValueError(f"form must be one of {', '.join(GEMV_FORMS)}, got {form!r}")
-    if programs is not None and programs < 1:
-        raise ValueError(f"--gemv-programs must be at least 1, got {programs}")
     gelu, norm = GEMV_FORMS[form]
     config, runs = tg.gemv_plan(n, k, torch.device("cpu"), packed_gelu=gelu == 1)
-    const, split_k = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32", gelu=gelu, norm=norm,
-                                          programs=programs)
+    const, split_k = tg.launch_constexprs(rows, n, k, config, runs, dtype == "float32", gelu=gelu, norm=norm)
     const["PDL"] = arch >= 90
     fn, t = tg._gemv_kernel, TRITON_DTYPES[dtype]
     sig = {name: "i32" for name in fn.arg_names} | {name: f"*{t}" for name in fn.arg_names if name.endswith("_ptr")}
@@ -146,8 +142,7 @@ def gemv_report(*, n: int, k: int, rows: int = 1, form: str = "plain", programs:
     report = compile_for(fn, sig, const, aligned, triton.compiler.ASTSource,
                          {"num_warps": config[2], "num_stages": config[3]}, arch)
     return {"kernel": fn.__name__, "form": form, "config": list(config), "runs": const["SPLITS"],
-            "programs": programs if const["STRIDED"] else triton.cdiv(n, config[0]) * const["SPLITS"],
-            "strided": const["STRIDED"], **report}
+            "programs": triton.cdiv(n, config[0]) * const["SPLITS"], **report}
 
 
 def sampler_report(*, chunks: int = 64, arch: int = 90) -> list[dict]:
@@ -232,9 +227,6 @@ def main(argv=None):
     ap.add_argument("--form", default="plain", choices=sorted(GEMV_FORMS),
                     help="with --gemv: the launch's form (gelu: the packed gate/up's GELU in the epilogue; "
                          "norm-gelu: the residual step's norms in the prologue too)")
-    ap.add_argument("--gemv-programs", type=int, default=None,
-                    help="with --gemv: programs over the column blocks (default a program a block; fewer than "
-                         "the blocks: each takes every P-th)")
     ap.add_argument("--sampler", action="store_true",
                     help="the token sampler's kernels instead (sampler_report), a JSON line each")
     ap.add_argument("--chunks", type=int, default=64,
@@ -268,8 +260,8 @@ def main(argv=None):
         return 0
     if args.gemv:
         try:
-            report = gemv_report(n=args.gemv[0], k=args.gemv[1], rows=args.rows, form=args.form,
-                                 programs=args.gemv_programs, dtype=args.dtype, arch=args.arch)
+            report = gemv_report(n=args.gemv[0], k=args.gemv[1], rows=args.rows, form=args.form, dtype=args.dtype,
+                                 arch=args.arch)
         except ValueError as e:
             ap.error(str(e))
         return emit(report, args, "gemv")

@@ -5,8 +5,8 @@
 its timing, the median replay of a CUDA graph of L launches with PDL as in the step, one per weight, L
 distinct random weights, more bytes than L2), with each plan's time a launch beside the time its bytes take at
 the copy bandwidth measured in the same process. `--forms` also times the op's own plan in the forms the step
-runs a packed gate/up in (FORMS), to tell what its epilogue and its prologue cost a launch; `--programs` each form
-again on other counts of programs over the column blocks (gemv's `programs`: 0 a program a block)."""
+runs a packed gate/up in (FORMS), to tell what its epilogue and its prologue cost a launch; `--op-only` times
+the op's plan alone."""
 from __future__ import annotations
 
 import argparse
@@ -44,12 +44,10 @@ def plans(n: int, k: int) -> list[tuple[tuple[int, int, int, int], int]]:
     return out
 
 
-def form_record(form: str, x: torch.Tensor, mats: list[torch.Tensor], reps: int, per_sm: int | None = None) -> dict:
+def form_record(form: str, x: torch.Tensor, mats: list[torch.Tensor], reps: int) -> dict:
     """The op's plan for `mats`' shape in `form` (FORMS), its values against the torch blocks in fp64 on the first
     weight (relative to their largest, before any timing; no time where it is off by more than 16 ulps), then the
-    median replay of a graph of a launch a weight. `per_sm`: the launch on that many programs an SM over its
-    column blocks instead of the plan's (0: a program a block); on fewer programs than a program a block it gets
-    no time unless its bits are that launch's (`same_bits`)."""
+    median replay of a graph of a launch a weight."""
     n, k = mats[0].shape
     config, splits = tg.gemv_plan(n, k, x.device, packed_gelu=True)
     norm, w64 = None, mats[0].double()
@@ -60,19 +58,14 @@ def form_record(form: str, x: torch.Tensor, mats: list[torch.Tensor], reps: int,
         want = blocks.add_norm_gelu_linear(res.double(), x.double(), w1.double(), w2.double(), EPS, w64, None)[1]
     else:
         want = blocks.gelu_linear(x.double(), w64, None)
-    programs = per_sm and per_sm * tg.sm_count(x.device) or None
 
     def launch(w):
-        return tg.gemv(x, w, config, splits=splits, halves=True, norm=norm, programs=programs)
+        return tg.gemv(x, w, config, splits=splits, halves=True, norm=norm)
 
-    got = launch(mats[0])
-    err = ((got.double() - want).abs().max() / want.abs().max()).item()
-    # fewer programs than column blocks: the bits of a program a block, or no time
-    same = programs is None or torch.equal(got, tg.gemv(x, mats[0], config, splits=splits, halves=True, norm=norm))
+    err = ((launch(mats[0]).double() - want).abs().max() / want.abs().max()).item()
     # 16 ulps of the largest output: the bound tests/test_plugins_gemv.py holds the prologue's chain of roundings to
-    ms = graph_ms(lambda: [launch(w) for w in mats], reps) if same and err < 16 * torch.finfo(x.dtype).eps else None
+    ms = graph_ms(lambda: [launch(w) for w in mats], reps) if err < 16 * torch.finfo(x.dtype).eps else None
     return {"stage": "gemv_form", "form": form, "shape": [n, k], "layers": len(mats), "config": [*config, splits],
-            "programs": programs, "plan": per_sm is None, "same_bits": same,
             "rel_err": round(err, 5), "ms": None if ms is None else round(ms, 4),
             "ms_a_launch": None if ms is None else round(ms / len(mats), 5)}
 
@@ -87,18 +80,10 @@ def main(argv=None) -> int:
     p.add_argument("--forms", default="", help=f"also the op's plan in these forms, comma-separated, of {FORMS} "
                                                "(the shape a packed gate/up: N even)")
     p.add_argument("--op-only", action="store_true", help="sweep the op's own plan only (no other tiles)")
-    p.add_argument("--programs", default="", help="with --forms: also each form on these programs an SM over the "
-                                                  "column blocks, comma-separated (0: a program a block)")
     a = p.parse_args(argv)
     forms = [f for f in a.forms.split(",") if f]
     if bad := [f for f in forms if f not in FORMS]:
         p.error(f"--forms: unknown {bad}, expected some of {FORMS}")
-    try:
-        per_sm = [int(v) for v in a.programs.split(",") if v]
-    except ValueError:
-        p.error(f"--programs: whole numbers expected, got {a.programs!r}")
-    if any(v < 0 for v in per_sm):
-        p.error(f"--programs: counts of programs an SM are 0 or more, got {per_sm}")
     a.out.mkdir(parents=True, exist_ok=True)
     ceil = ceilings(False)
     log_json(a.out, {"stage": "setup", "gpu": torch.cuda.get_device_name(), **ceil}, NAME)
@@ -113,8 +98,8 @@ def main(argv=None) -> int:
             if c.get("ms") is not None:
                 c.update(ms_a_launch=round(c["ms"] / a.layers, 5), of_copy_bw=round(ideal * a.layers / c["ms"], 3))
         log_json(a.out, {**rec, "stage": "gemv_sweep", "ideal_ms_a_launch": round(ideal, 5)}, NAME)
-        for form, each in itertools.product(forms, [None, *per_sm]):
-            log_json(a.out, {**form_record(form, x, mats, a.reps, each), "ideal_ms_a_launch": round(ideal, 5)}, NAME)
+        for form in forms:
+            log_json(a.out, {**form_record(form, x, mats, a.reps), "ideal_ms_a_launch": round(ideal, 5)}, NAME)
         del mats
     return 0
 

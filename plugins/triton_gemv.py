@@ -128,18 +128,6 @@ def _residual_rows(x_ptr, stride_x, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, M, K
 
 
 @triton.jit
-def _block_rows(blk, N, BLOCK_N: tl.constexpr, GELU: tl.constexpr):
-    """Column block blk's tile columns (the partials' index), which of them exist, and the weight row each reads:
-    with GELU == 1 tile column 2j + h is row h * N/2 + j of the block's pairs (a gate column beside its up)."""
-    r = tl.arange(0, BLOCK_N)
-    n = blk * BLOCK_N + r
-    if GELU == 1:
-        pair = blk * (BLOCK_N // 2) + r // 2
-        return n, pair < N // 2, pair + (r % 2) * (N // 2)
-    return n, n < N, n
-
-
-@triton.jit
 def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
            GELU: tl.constexpr):
     """Round the block's fp32 sums to the output type and store them; with GELU the gated GELU of them first,
@@ -164,20 +152,27 @@ def _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M
 @triton.jit
 def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_ptr, w2_ptr, h_ptr, in_ptr, eps, M,
                  N, K, split_k, stride_x, stride_w, stride_out, stride_up, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                 BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, STRIDED: tl.constexpr, EVEN_N: tl.constexpr,
-                 EVEN_K: tl.constexpr, GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr, UPCAST: tl.constexpr,
-                 PREC: tl.constexpr, PDL: tl.constexpr):
+                 BLOCK_K: tl.constexpr, SPLITS: tl.constexpr, EVEN_N: tl.constexpr, EVEN_K: tl.constexpr,
+                 GELU: tl.constexpr, NORM: tl.constexpr, KB: tl.constexpr, UPCAST: tl.constexpr, PREC: tl.constexpr,
+                 PDL: tl.constexpr):
     """Program (i, s) sums K's columns [s * split_k, (s + 1) * split_k) for tile column block i. With SPLITS
     > 1 each writes its fp32 partial, and the block's last program to finish (a counter per block, which
     that program resets) adds the partials in split order, so the bits do not depend on which finished last.
-    STRIDED (unsplit, fewer programs than column blocks): program i takes blocks i, i + P, i + 2P, ... (P
-    programs) in one loop over their K tiles, each block's sums in the same order as a program of its own
-    gives them, so the bits are those of one program a block. With GELU == 1 the weight's N rows are gate rows
-    then up rows (_block_rows). With NORM the input is a residual step formed from x (see ResidualNorm): every
-    program forms all of it itself from L2 (a few rows of K elements), once, into its own slice of in_ptr
-    [programs, M, K] and reads its tiles from there; program (0, 0) also writes h."""
+    With GELU == 1 the weight's N rows are gate rows then up rows, and tile column 2j + h is row h * N/2 + j
+    of the block's pairs: each program holds a gate column and its up column for the epilogue. With NORM
+    the input is a residual step formed from x (see ResidualNorm): every program forms all of it itself from
+    L2 (a few rows of K elements) into its own slice of in_ptr [programs, M, K] and reads its tiles from there;
+    program (0, 0) also writes h."""
     pid = tl.program_id(0)
-    n, n_ok, row = _block_rows(pid, N, BLOCK_N, GELU)
+    r = tl.arange(0, BLOCK_N)
+    n = pid * BLOCK_N + r  # tile columns: the partials' index
+    if GELU == 1:
+        pair = pid * (BLOCK_N // 2) + r // 2
+        n_ok = pair < N // 2
+        row = pair + (r % 2) * (N // 2)
+    else:
+        n_ok = n < N
+        row = n
     m = tl.arange(0, BLOCK_M)
     m_ok = m < M
     w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_w
@@ -195,38 +190,22 @@ def _gemv_kernel(x_ptr, w_ptr, out_ptr, up_ptr, part_ptr, lock_ptr, res_ptr, w1_
     else:
         x_rows = x_ptr + m[:, None] * stride_x
     acc = _gemv_tile(tl.zeros([BLOCK_M, BLOCK_N], tl.float32), w, x_rows, k, K, m_ok, UPCAST, PREC)
-    if STRIDED:
-        programs = tl.num_programs(0)
-        tiles = tl.cdiv(K, BLOCK_K)
-        blk = pid
-        for t in range(1, tl.cdiv(tl.cdiv(N, BLOCK_N) - pid, programs) * tiles):
-            kt = t % tiles
-            if kt == 0:  # the block before is whole: store it and start the next
-                _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, blk, N, BLOCK_M, BLOCK_N, GELU)
-                acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                blk += programs
-                _, n_ok, row = _block_rows(blk, N, BLOCK_N, GELU)
-                w_rows = w_ptr + row.to(tl.int64)[:, None] * stride_w
-            k = kt * BLOCK_K + tl.arange(0, BLOCK_K)
-            acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
-        _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, blk, N, BLOCK_M, BLOCK_N, GELU)
+    for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)
+        acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
+    if SPLITS == 1:
+        _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
     else:
-        for k0 in range(k_lo + BLOCK_K, k_hi, BLOCK_K):
-            k = k0 + tl.arange(0, BLOCK_K)
-            acc = _gemv_tile(acc, _weight_tile(w_rows, k, K, n_ok, EVEN_N and EVEN_K), x_rows, k, K, m_ok, UPCAST, PREC)
-        if SPLITS == 1:
-            _store(out_ptr, stride_out, up_ptr, stride_up, acc, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
-        else:
-            part_ok = m_ok[:, None] & n_ok[None, :]
-            part = part_ptr + m[:, None] * N + n[None, :]  # partials [SPLITS, M, N], fp32
-            tl.store(part + tl.program_id(1) * M * N, acc, mask=part_ok)
-            tl.debug_barrier()  # every thread's partial stored before the counter's release
-            if tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel") == SPLITS - 1:
-                total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
-                for s in tl.static_range(SPLITS):
-                    total += tl.load(part + s * M * N, mask=part_ok, other=0.0, cache_modifier=".cg")
-                _store(out_ptr, stride_out, up_ptr, stride_up, total, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
-                tl.atomic_xchg(lock_ptr + pid, 0)
+        part_ok = m_ok[:, None] & n_ok[None, :]
+        part = part_ptr + m[:, None] * N + n[None, :]  # partials [SPLITS, M, N], fp32
+        tl.store(part + tl.program_id(1) * M * N, acc, mask=part_ok)
+        tl.debug_barrier()  # every thread's partial stored before the counter's release
+        if tl.atomic_add(lock_ptr + pid, 1, sem="acq_rel") == SPLITS - 1:
+            total = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
+            for s in tl.static_range(SPLITS):
+                total += tl.load(part + s * M * N, mask=part_ok, other=0.0, cache_modifier=".cg")
+            _store(out_ptr, stride_out, up_ptr, stride_up, total, m, m_ok, pid, N, BLOCK_M, BLOCK_N, GELU)
+            tl.atomic_xchg(lock_ptr + pid, 0)
 
 
 _LOCKS: dict[torch.device, torch.Tensor] = {}
@@ -265,17 +244,14 @@ def _check_norm(norm: ResidualNorm, x: torch.Tensor) -> None:
 
 def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | None = None,
          out: torch.Tensor | None = None, splits: int = 1, halves: bool = False,
-         up: torch.Tensor | None = None, norm: ResidualNorm | None = None,
-         programs: int | None = None) -> torch.Tensor:
+         up: torch.Tensor | None = None, norm: ResidualNorm | None = None) -> torch.Tensor:
     """x [M, K] (M <= MAX_ROWS, unit column stride) times w [N, K] (unit column stride) transposed ->
     [M, N] in x's dtype, as F.linear(x, w) computes it up to the order of the fp32 sums. `config`:
     (block_n, block_k, num_warps, num_stages), default GEMV_CONFIGS[0]; `out`: where to write it;
     `splits`: runs of whole BLOCK_K tiles K is cut into (fewer where K has fewer tiles). With the gated
     GELU in the epilogue, rounded as the gelu kernel rounds the matmul's output: `halves`, w's rows are
     gate then up and the result is gelu_tanh(gate) * up [M, N/2]; `up` [M, N], it is gelu_tanh(x w^T) * up.
-    With `norm`, the matmul's input is the residual step it describes, formed from x (ResidualNorm).
-    `programs`: at most this many programs over the column blocks of an unsplit launch, each taking every
-    programs-th block (the same bits); default one a block."""
+    With `norm`, the matmul's input is the residual step it describes, formed from x (ResidualNorm)."""
     if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"gemv needs x [M, K] and w [N, K], got x {tuple(x.shape)} and w {tuple(w.shape)}")
     M, K = x.shape
@@ -297,23 +273,18 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
     config = config or GEMV_CONFIGS[0]
     const, split_k = launch_constexprs(M, N, K, config, splits, x.dtype == torch.float32,
                                        gelu=1 if halves else 0 if up is None else 2,
-                                       norm=0 if norm is None else 1 if norm.out_weight is None else 2,
-                                       programs=programs)
+                                       norm=0 if norm is None else 1 if norm.out_weight is None else 2)
     blocks, splits = triton.cdiv(N, const["BLOCK_N"]), const["SPLITS"]
-    if programs is not None and (programs < 1 or splits > 1):
-        raise ValueError(f"gemv's programs must be at least 1 and its launch unsplit, got programs={programs} "
-                         f"with {splits} runs over K")
     if splits > 1 and blocks > LOCKS:
         raise ValueError(f"a split launch takes at most {LOCKS} column blocks, got {blocks}: split a narrower weight")
-    launched = programs if const["STRIDED"] else blocks  # programs over the column blocks
     out = torch.empty((M, N // 2 if halves else N), dtype=x.dtype, device=x.device) if out is None else out
     if M and N:
         part = torch.empty((splits, M, N) if splits > 1 else (1,), dtype=torch.float32, device=x.device)
         locks = _locks(x.device) if splits > 1 else part
         res, w1, w2, h, rows_in = (x, x, x, x, x) if norm is None else (
             norm.residual, norm.x_weight, norm.x_weight if norm.out_weight is None else norm.out_weight, norm.h,
-            torch.empty((launched * splits, M, K), dtype=x.dtype, device=x.device))  # each program's input rows
-        _gemv_kernel[(launched, splits)](
+            torch.empty((blocks * splits, M, K), dtype=x.dtype, device=x.device))  # each program's input rows
+        _gemv_kernel[(blocks, splits)](
             x, w, out, out if up is None else up, part, locks, res, w1, w2, h, rows_in,
             0.0 if norm is None else float(norm.eps), M, N, K, split_k, x.stride(0), w.stride(0), out.stride(0),
             0 if up is None else up.stride(0), **const, num_warps=config[2], num_stages=config[3],
@@ -322,15 +293,13 @@ def gemv(x: torch.Tensor, w: torch.Tensor, config: tuple[int, int, int, int] | N
 
 
 def launch_constexprs(M: int, N: int, K: int, config: tuple[int, int, int, int], splits: int, fp32: bool,
-                      gelu: int = 0, norm: int = 0, programs: int | None = None) -> tuple[dict, int]:
+                      gelu: int = 0, norm: int = 0) -> tuple[dict, int]:
     """`_gemv_kernel`'s constexprs (less PDL) for x [M, K] against w [N, K] on tile `config` cut in `splits` runs
     over K, and the run length: block_k at most K's next power of two, the runs whole BLOCK_K tiles (fewer
-    where K has fewer tiles); STRIDED where `programs` are fewer than the column blocks. gemv's launch, and
-    bench.compile_report's offline compile of the same kernel."""
+    where K has fewer tiles). gemv's launch, and bench.compile_report's offline compile of the same kernel."""
     block_n, block_k = config[0], min(config[1], max(16, triton.next_power_of_2(K)))
     split_k = triton.cdiv(triton.cdiv(K, block_k), max(1, splits)) * block_k
     return dict(BLOCK_M=row_tile(M), BLOCK_N=block_n, BLOCK_K=block_k, SPLITS=triton.cdiv(K, split_k) if K else 1,
-                STRIDED=programs is not None and programs < triton.cdiv(N, block_n),
                 EVEN_N=N % block_n == 0, EVEN_K=K % block_k == 0, GELU=gelu, NORM=norm,
                 KB=triton.next_power_of_2(K), UPCAST=interpreting(), PREC="ieee" if fp32 else "tf32"), split_k
 

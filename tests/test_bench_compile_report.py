@@ -241,16 +241,14 @@ def test_the_skinny_matmul_on_its_plan_compiles_and_the_attention_launch_names_w
     assert r.returncode == 2 and "needs --q-heads, --kv-heads" in r.stderr
 
 
-def test_the_gate_up_with_its_prologue_compiles_on_a_program_a_block_or_strided():
+def test_the_gate_up_with_its_prologue_compiles_a_program_a_block():
     """--form norm-gelu: the E4B's packed gate/up [20,480 x 2,560] as add_norm_gelu_linear launches it, a program
-    for each of its 320 column blocks; with --gemv-programs 264 (2 an SM of an H200's 132) strided over them;
-    --gemv-programs 0 refused by name."""
-    for extra, strided, programs in (((), False, 320), (("--gemv-programs", "264"), True, 264)):
-        r = run("--gemv", "20480", "2560", "--form", "norm-gelu", *extra)
-        assert r.returncode == 0, r.stderr[-3000:]
-        got = json.loads(r.stdout.strip().splitlines()[-1])
-        assert got["form"] == "norm-gelu" and got["strided"] == strided and got["programs"] == programs
-        assert got["runs"] == 1 and got["config"] == [64, 128, 4, 3] and 0 < got["registers"] <= 255
-    r = run("--gemv", "20480", "2560", "--form", "norm-gelu", "--gemv-programs", "0")
-    assert r.returncode == 2 and "--gemv-programs must be at least 1, got 0" in r.stderr
+    for each of its 320 column blocks; an unknown form refused by name."""
+    r = run("--gemv", "20480", "2560", "--form", "norm-gelu")
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    assert got["form"] == "norm-gelu" and got["programs"] == 320
+    assert got["runs"] == 1 and got["config"] == [64, 128, 4, 3] and 0 < got["registers"] <= 255
+    r = run("--gemv", "20480", "2560", "--form", "tanh")
+    assert r.returncode == 2 and "invalid choice: 'tanh'" in r.stderr
 

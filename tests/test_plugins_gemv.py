@@ -334,42 +334,6 @@ def test_add_norm_gelu_linear_fuses_for_few_rows_and_is_the_two_kernels_for_more
     assert launches == [True, False, True, False]
 
 
-@pytest.mark.parametrize("m", [1, 3])
-def test_fewer_programs_than_column_blocks_give_the_same_bits(m):
-    """gemv's `programs` (each program every P-th column block, one loop over their K tiles): every form (plain,
-    the GELU of a packed gate/up or with an up, the residual step in the prologue with and without its second
-    norm) gives the bits of a program a block, on a ragged N and K and program counts that leave some programs
-    one block fewer or more programs than blocks; the poisoned h and output written everywhere, nothing past
-    them; `programs` below 1 or with a cut over K refused by name."""
-    g = torch.Generator().manual_seed(11 + m)
-    n, k, config, eps = 70, 300, (16, 64, 4, 2), 1e-6
-    x = torch.randn(m, k, generator=g).to(torch.bfloat16)
-    w = (torch.randn(2 * n, k, generator=g) / k ** 0.5).to(torch.bfloat16)
-    res = torch.randn(m, k, generator=g).to(torch.bfloat16)
-    w1, w2 = ((1 + 0.3 * torch.randn(k, generator=g)).to(torch.bfloat16) for _ in range(2))
-    up = torch.randn(m, n, generator=g).to(torch.bfloat16)
-    for form in ({}, {"halves": True}, {"up": up}):
-        wg = w[:n] if "up" in form else w
-        cols = n if form else 2 * n
-        for out_weight in (False, None, w2):
-            def launch(programs, h=None, out=None):
-                norm = None if out_weight is False else tg.ResidualNorm(res, w1, out_weight, eps, h)
-                return tg.gemv(x, wg, config, out=out, programs=programs, norm=norm, **form)
-            want_h = torch.empty_like(res)
-            want = launch(None, want_h)
-            for programs in (1, 2, 3, 4, 9):
-                h = torch.full((m + 1, k), float("nan"), dtype=x.dtype)
-                out = torch.full((m + 1, cols), float("nan"), dtype=x.dtype)
-                got = launch(programs, h[:m], out[:m])
-                assert torch.equal(got, want) and out[m].isnan().all(), (form.keys(), out_weight, programs)
-                if out_weight is not False:
-                    assert torch.equal(h[:m], want_h) and h[m].isnan().all()
-    with pytest.raises(ValueError, match="programs must be at least 1 and its launch unsplit, got programs=0"):
-        tg.gemv(x, w, config, programs=0)
-    with pytest.raises(ValueError, match="got programs=2 with 3 runs over K"):
-        tg.gemv(x, w, config, splits=3, programs=2)
-
-
 @pytest.mark.parametrize("rows", [17, 64, 100])
 def test_serving_rows_take_a_row_tile_of_their_own_and_split_the_same_way(rows):
     """More than 16 rows (a serving batch) run in one row tile of the next power of two: every row within

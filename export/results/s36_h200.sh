@@ -208,6 +208,10 @@
 # `s51_chunked_prologue.patch` (the E4B's step 3.2 % slower: not kept); the next call is in export/results/README.md,
 # "The skinny matmul on fewer programs than column blocks". The H200 calls of session 49 above are still the next
 # ones on an H200.
+# Session 52 (one H100 machine, three calls; export/results/README.md, "The strided skinny matmul in the E4B's
+# step"): the strided plan lost 24 % of the E4B's step (removed); padded frames changed nothing at batch 64. The
+# H200 calls of session 49 above are still the next ones, and main's scoreboard at batch 64-256, both arenas:
+#   STEPS=64,128,256 ARMS="bf16 fp8 bf16 fp8 bf16 fp8" STEPS_CAP=95 bash export/results/s36_h200.sh steps 585
 PART=${1:?PART: tests or steps}
 BUDGET=${2:-570}
 TAG=s36-$PART

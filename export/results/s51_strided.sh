@@ -3,6 +3,8 @@
 # taking every P-th column block (`strided`: this checkout with s51_strided_plan.patch), and with that prologue a row
 # in chunks (`chunk`: with s51_chunked_prologue.patch), against this checkout (a program a block, the row whole).
 #   bash export/results/s51_strided.sh [budget_s]          # results under $OUT/all.tgz
+# Parts 1-2, the compile report's --gemv-programs, gemv_sweep's --programs and the strided patch need a tree of session
+# 51 (e.g. c600e85): the strided launch was measured slower in session 52 and removed (export/results/README.md).
 # Trees: new = this checkout; any other T = ab/T, carried:
 #   git archive --prefix=ab/strided/g4rt/ HEAD | tar -x; (cd ab/strided/g4rt && patch -p1 < ../../../export/results/s51_strided_plan.patch)
 #   git archive --prefix=ab/chunk/g4rt/ HEAD | tar -x; (cd ab/chunk/g4rt && patch -p1 < ../../../export/results/s51_chunked_prologue.patch)
