@@ -374,23 +374,16 @@ def gemv_record(x: torch.Tensor, mats: list[torch.Tensor], reps: int, plans: lis
             "op_takes_kernel": tg.takes_gemv(x.shape[0], mats[0]), "configs": tried}
 
 
-@torch.inference_mode()
-def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: tuple[str, ...] = (),
-                 gemv: bool = True) -> list[dict]:
-    """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
-    reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
-    checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
-    for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
-    engines run on CUDA). For the first and last form, batches up to MAX_ROWS also time the Triton skinny
-    matmul (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `roles_like`:
-    only the roles whose name holds one of these (all if empty)."""
-    from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
-    roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}  # (role, weight shape): every layer's weight
+def decode_roles(model) -> tuple[dict, dict]:
+    """Decode's matmul weights by role, in model order: {(role, weight shape): every layer's weight} for each
+    Linear (and the lm_head), and {(packed role, packed shape): every layer's list of parts} for the weights the
+    engines pack on CUDA (gate/up, q/k/v). A model on the meta device gives the shapes alone."""
+    roles: dict[tuple[str, tuple], list[torch.Tensor]] = {}
 
     def add(role: str, w: torch.Tensor) -> None:  # layers of one role may differ (the E2B's wide MLPs)
         roles.setdefault((role, tuple(w.shape)), []).append(w)
 
-    fused = {}
+    fused: dict[tuple[str, tuple], list[list[torch.Tensor]]] = {}
     for layer in model.layers:
         kind = "sliding" if layer.self_attn.kv.sliding else "full"
         mods = {name: mod for name, mod in layer.named_modules() if isinstance(mod, torch.nn.Linear)}
@@ -403,6 +396,21 @@ def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: t
             if len(ws) > 1:
                 fused.setdefault((f"{kind}.{packed}", (sum(w.shape[0] for w in ws), ws[0].shape[1])), []).append(ws)
     add("lm_head", model.embed_tokens.weight)
+    return roles, fused
+
+
+@torch.inference_mode()
+def matmul_roles(model, bw: float, batches=(1, 8), reps: int = 20, roles_like: tuple[str, ...] = (),
+                 gemv: bool = True) -> list[dict]:
+    """Decode's matmuls one role at a time, every layer's weight of that role in model order (as a step
+    reads them, so no weight is still in L2), against the copy bandwidth. Three forms: cuBLAS on the
+    checkpoint layout ([out, in], x @ W.T, what the engines run), on a transposed copy ([in, out]), and
+    for gate/up and q/k/v one matmul over the concatenated weights (fewer, wider launches, what the
+    engines run on CUDA). For the first and last form, batches up to MAX_ROWS also time the Triton skinny
+    matmul (plugins/triton_gemv.py) over its configs (`gemv_record`; not with `gemv` False). `roles_like`:
+    only the roles whose name holds one of these (all if empty)."""
+    from g4rt.plugins import triton_gemv  # Triton only where --matmuls asks for it
+    roles, fused = decode_roles(model)
     records = []
     forms = [(r, "out_in") for r in roles] + [(r, "in_out") for r in roles] + [(f, "concat") for f in fused]
     forms = [(r, form) for r, form in forms if not roles_like or any(p in r[0] for p in roles_like)]

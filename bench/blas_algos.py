@@ -1,0 +1,270 @@
+"""cuBLASLt's algorithms for decode's matmuls, each timed (issue 12: the K > N projections at serving batches).
+
+torch asks cuBLASLt's heuristic for one algorithm a shape and runs it. At 64 rows the 31B's o_proj and down_proj
+(K > N: 5,376 outputs) read their weights at 83-89 % of the copy bandwidth on an H200 where the gate/up reads at
+95-96 %. Whether another of cuBLASLt's own algorithms reads them faster is a question of measurement: this bench asks
+the heuristic for up to --algos candidates a shape, adds split-K variants of each (a weight with fewer output tiles
+than SMs is cut over K), checks every candidate's product against fp32 on fresh random inputs with a poisoned
+output, and times it over every layer's weight of the role in one CUDA graph (so no weight is still in L2), beside
+torch's F.linear through cuBLAS and through cuBLASLt.
+
+    python -m g4rt.bench.blas_algos --config 31b --rows 64 --roles o_proj,down_proj --out /tmp/algos
+
+Records (jsonl): one `baseline` a role and rows (torch's cuBLAS and cuBLASLt), one `candidate` a timed algorithm
+(its configuration, relative error, ms, fraction of the copy bandwidth), one `best` a role and rows.
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import glob
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .common import ceilings, log_json
+from .engine import decode_roles, graph_ms
+
+CUDA_R_32F, CUDA_R_16BF = 0, 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+DESC_TRANSA, DESC_TRANSB = 3, 4  # cublasLtMatmulDescAttributes_t
+PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t
+# cublasLtMatmulAlgoConfigAttributes_t: (name, id, ctype)
+CONFIG = (("algo_id", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("splitk", 2, ctypes.c_int32),
+          ("reduction", 3, ctypes.c_uint32), ("swizzle", 4, ctypes.c_uint32), ("custom", 5, ctypes.c_uint32),
+          ("stages", 6, ctypes.c_uint32), ("inner_shape", 7, ctypes.c_uint16), ("cluster", 8, ctypes.c_uint16))
+CAP_SPLITK_SUPPORT, CAP_REDUCTION_SCHEME_MASK = 0, 1  # cublasLtMatmulAlgoCapAttributes_t
+REDUCTIONS = (1, 2, 4)  # in place, in the compute type's workspace, in the output type's workspace
+
+
+class Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class HeuristicResult(ctypes.Structure):
+    _fields_ = [("algo", Algo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+def _library() -> ctypes.CDLL:
+    """The libcublasLt torch runs (loaded by a first matmul), else one from its nvidia wheels."""
+    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
+    names = ["libcublasLt.so.13", "libcublasLt.so.12"]
+    for root in sys.path:
+        names += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so*")))
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise RuntimeError("libcublasLt not found beside torch")
+
+
+class CublasLt:
+    """One handle and the descriptors of y [m, n] = x [m, k] @ w [n, k].T in bf16 with fp32 accumulation
+    (cuBLAS's column-major view: D [n, m] = op_T(W) [n, k] @ X [k, m])."""
+
+    def __init__(self):
+        self.lib = _library()
+        self.handle = ctypes.c_void_p()
+        self._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+
+    @staticmethod
+    def _check(status: int, what: str) -> None:
+        if status != 0:
+            raise RuntimeError(f"{what}: cublasStatus {status}")
+
+    @functools.lru_cache(maxsize=None)
+    def descs(self, m: int, n: int, k: int):
+        lib, desc = self.lib, ctypes.c_void_p()
+        self._check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")
+        for attr, op in ((DESC_TRANSA, CUBLAS_OP_T), (DESC_TRANSB, CUBLAS_OP_N)):
+            v = ctypes.c_int32(op)
+            self._check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), ctypes.c_size_t(4)), "desc attribute")
+        layouts = []
+        for rows, cols, ld in ((k, n, k), (k, m, k), (n, m, n)):  # W, X, Y (column-major)
+            lay = ctypes.c_void_p()
+            self._check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), CUDA_R_16BF, ctypes.c_uint64(rows),
+                                                       ctypes.c_uint64(cols), ctypes.c_int64(ld)), "layout")
+            layouts.append(lay)
+        return desc, *layouts
+
+    def heuristic(self, m: int, n: int, k: int, count: int, workspace: int) -> list[HeuristicResult]:
+        desc, a, b, c = self.descs(m, n, k)
+        pref = ctypes.c_void_p()
+        self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
+        ws = ctypes.c_uint64(workspace)
+        self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws),
+                                                                  ctypes.c_size_t(8)), "preference attribute")
+        results, got = (HeuristicResult * count)(), ctypes.c_int()
+        status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, pref, count, results,
+                                                         ctypes.byref(got))
+        self.lib.cublasLtMatmulPreferenceDestroy(pref)
+        self._check(status, "cublasLtMatmulAlgoGetHeuristic")
+        return [results[i] for i in range(got.value) if results[i].state == 0]
+
+    def config(self, algo: Algo) -> dict:
+        out = {}
+        for name, attr, ctype in CONFIG:
+            v, written = ctype(), ctypes.c_size_t()
+            self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v),
+                                                          ctypes.c_size_t(ctypes.sizeof(v)), ctypes.byref(written))
+            out[name] = v.value
+        return out
+
+    def cap(self, algo: Algo, attr: int) -> int:
+        v, written = ctypes.c_int32(), ctypes.c_size_t()
+        self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), ctypes.c_size_t(4),
+                                                    ctypes.byref(written))
+        return v.value
+
+    def with_split(self, m: int, n: int, k: int, algo: Algo, splits: int, reduction: int) -> tuple[Algo, int] | None:
+        """A copy of `algo` cut in `splits` over K with `reduction`, and its workspace bytes; None where cuBLASLt
+        refuses it (cublasLtMatmulAlgoCheck)."""
+        new = Algo()
+        ctypes.memmove(ctypes.byref(new), ctypes.byref(algo), ctypes.sizeof(Algo))
+        s, r = ctypes.c_int32(splits), ctypes.c_uint32(reduction if splits > 1 else 0)
+        if (self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(new), 2, ctypes.byref(s), ctypes.c_size_t(4)) or
+                self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(new), 3, ctypes.byref(r), ctypes.c_size_t(4))):
+            return None
+        desc, a, b, c = self.descs(m, n, k)
+        res = HeuristicResult()
+        if self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, a, b, c, c, ctypes.byref(new), ctypes.byref(res)):
+            return None
+        return new, res.workspace_size
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo, ws: torch.Tensor) -> None:
+        """out = x @ w.T by `algo` on torch's current stream (capturable)."""
+        m, k = x.shape
+        desc, a, b, c = self.descs(m, w.shape[0], k)
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        self._check(self.lib.cublasLtMatmul(
+            self.handle, desc, ctypes.byref(one), ctypes.c_void_p(w.data_ptr()), a, ctypes.c_void_p(x.data_ptr()), b,
+            ctypes.byref(zero), ctypes.c_void_p(out.data_ptr()), c, ctypes.c_void_p(out.data_ptr()), c,
+            ctypes.byref(algo), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()), stream), "cublasLtMatmul")
+
+
+def step_roles(model) -> dict[tuple[str, tuple], int]:
+    """The matmuls a CUDA decode step runs, {(role, weight shape): layers}: the packed gate/up and q/k/v where
+    the engines pack them, every other Linear as it is (the KV-shared layers' lone q_proj among them), and the
+    lm_head."""
+    roles, fused = decode_roles(model)
+    out = {key: len(layers) for key, layers in fused.items()}
+    for (role, shape), ws in roles.items():
+        kind, group, *_ = [*role.split("."), ""]  # sliding|full, mlp|self_attn (the lm_head: neither)
+        packed = sum(any(tuple(p.shape) == shape for p in parts) for (r, _), layers in fused.items()
+                     if r.startswith(f"{kind}.{group}.") for parts in layers)
+        if len(ws) > packed:
+            out[(role, shape)] = len(ws) - packed
+    return out
+
+
+def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
+    n, k = shape
+    mats = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(layers)]
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    want = (x.float() @ mats[0].float().T)
+    nbytes = sum(w.numel() * w.element_size() for w in mats)
+    frac = lambda ms: round(nbytes / (ms * 1e-3) / bw, 4)  # noqa: E731
+    base = {"role": role, "shape": list(shape), "rows": m, "layers": layers}
+    records = []
+    torch_ms = {}
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        torch_ms[lib] = graph_ms(lambda: [torch.nn.functional.linear(x, w) for w in mats], a.reps)
+    torch.backends.cuda.preferred_blas_library("default")
+    records.append({"stage": "baseline", **base, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
+                    **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}})
+    ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
+    seen, cands = set(), []
+    for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, a.workspace)):
+        variants = [(h.algo, h.workspace_size, rank)]
+        if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
+            mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
+            for s in a.splits:
+                for red in (r for r in REDUCTIONS if r & mask):
+                    v = lt.with_split(m, n, k, h.algo, s, red)
+                    if v is not None and v[1] <= a.workspace:
+                        variants.append((*v, rank))
+        for algo, wsize, hrank in variants:
+            cfg = lt.config(algo)
+            key = tuple(sorted(cfg.items()))
+            if key not in seen:
+                seen.add(key)
+                cands.append((algo, wsize, hrank, cfg))
+    out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+    for algo, wsize, hrank, cfg in cands[:a.max_candidates]:
+        out.fill_(float("nan"))
+        rec = {"stage": "candidate", **base, "heuristic_rank": hrank, "workspace": wsize, **cfg}
+        try:
+            lt.linear(x, mats[0], out, algo, ws)
+            torch.cuda.synchronize()
+            err = ((out.float() - want).abs().max() / want.abs().max()).item()
+            rec["rel_err"] = round(err, 6)
+            if not err < 2e-2:  # NaN (an unwritten element) fails too
+                records.append(rec)
+                continue
+            outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in mats]
+            ms = graph_ms(lambda: [lt.linear(x, w, o, algo, ws) for w, o in zip(mats, outs)], a.reps)
+            rec.update(ms=round(ms, 4), of_copy_bw=frac(ms))
+        except RuntimeError as e:
+            rec["error"] = str(e)[:160]
+        records.append(rec)
+    timed = [r for r in records if r.get("ms") is not None]
+    if timed:
+        best = min(timed, key=lambda r: r["ms"])
+        first = next((r for r in timed if r["heuristic_rank"] == 0 and r["splitk"] <= 1), None)
+        records.append({"stage": "best", **base, "candidates": len(cands), "timed": len(timed),
+                        "best_ms": best["ms"], "best_of_copy_bw": best["of_copy_bw"],
+                        "best": {k: best[k] for k, _, _ in CONFIG},
+                        "heuristic_first_ms": None if first is None else first["ms"],
+                        **{f"torch_{k}_ms": round(v, 4) for k, v in torch_ms.items()}})
+    del mats
+    torch.cuda.empty_cache()
+    return records
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="31b", help="model config name or config.json path")
+    ap.add_argument("--rows", default="64", help="comma-separated batch rows, e.g. 64,128,256")
+    ap.add_argument("--roles", default="o_proj,down_proj",
+                    help="roles whose name holds one of these comma-separated parts (empty: every role a step runs)")
+    ap.add_argument("--algos", type=int, default=32, help="candidates asked of the heuristic a shape")
+    ap.add_argument("--splits", default="1,2,3,4,6,8,12,16", help="split-K counts tried on algorithms that allow it")
+    ap.add_argument("--max-candidates", type=int, default=200, help="most candidates timed a shape")
+    ap.add_argument("--workspace", type=int, default=32 << 20, help="workspace bytes a candidate may use")
+    ap.add_argument("--reps", type=int, default=10, help="graph replays a timing's median is taken over")
+    ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    a = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("needs a CUDA GPU: it times cuBLASLt's kernels")
+    a.splits = [int(s) for s in a.splits.split(",") if s]
+    from g4rt.models.config import load_config
+    from g4rt.models.model import Gemma4Model
+    model = Gemma4Model(load_config(a.config), dtype=torch.bfloat16, device="meta")  # shapes only
+    parts = [p for p in a.roles.split(",") if p]
+    roles = {k: v for k, v in step_roles(model).items() if not parts or any(p in k[0] for p in parts)}
+    a.out.mkdir(parents=True, exist_ok=True)
+    log = functools.partial(log_json, a.out, name="blas_algos.jsonl")
+    ceil = ceilings(quick=False)
+    log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
+         "copy_GBps": ceil["copy_GBps"], "roles": [[r, list(s), n] for (r, s), n in roles.items()]})
+    lt = CublasLt()
+    for m in (int(r) for r in a.rows.split(",")):
+        for (role, shape), layers in roles.items():
+            for rec in sweep(lt, role, shape, layers, m, ceil["copy_GBps"] * 1e9, a):
+                log(rec)
+                if rec["stage"] != "candidate":
+                    print({k: v for k, v in rec.items() if k != "stage"}, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
