@@ -16,137 +16,20 @@ Records (jsonl): one `baseline` a role and rows (torch's cuBLAS and cuBLASLt), o
 from __future__ import annotations
 
 import argparse
-import ctypes
 import functools
-import glob
-import os
+import json
 import sys
 from pathlib import Path
 
 import torch
 
+from g4rt.plugins import cublaslt
+from g4rt.plugins.triton_gemv import cublaslt_takes
+
 from .common import ceilings, log_json
 from .engine import decode_roles, graph_ms
 
-CUDA_R_32F, CUDA_R_16BF = 0, 14
-CUBLAS_COMPUTE_32F = 68
-CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
-DESC_TRANSA, DESC_TRANSB = 3, 4  # cublasLtMatmulDescAttributes_t
-PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t
-# cublasLtMatmulAlgoConfigAttributes_t: (name, id, ctype)
-CONFIG = (("algo_id", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("splitk", 2, ctypes.c_int32),
-          ("reduction", 3, ctypes.c_uint32), ("swizzle", 4, ctypes.c_uint32), ("custom", 5, ctypes.c_uint32),
-          ("stages", 6, ctypes.c_uint32), ("inner_shape", 7, ctypes.c_uint16), ("cluster", 8, ctypes.c_uint16))
-CAP_SPLITK_SUPPORT, CAP_REDUCTION_SCHEME_MASK = 0, 1  # cublasLtMatmulAlgoCapAttributes_t
-REDUCTIONS = (1, 2, 4)  # in place, in the compute type's workspace, in the output type's workspace
-
-
-class Algo(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_uint64 * 8)]
-
-
-class HeuristicResult(ctypes.Structure):
-    _fields_ = [("algo", Algo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
-                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
-
-
-def _library() -> ctypes.CDLL:
-    """The libcublasLt torch runs (loaded by a first matmul), else one from its nvidia wheels."""
-    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
-    names = ["libcublasLt.so.13", "libcublasLt.so.12"]
-    for root in sys.path:
-        names += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so*")))
-    for name in names:
-        try:
-            return ctypes.CDLL(name)
-        except OSError:
-            continue
-    raise RuntimeError("libcublasLt not found beside torch")
-
-
-class CublasLt:
-    """One handle and the descriptors of y [m, n] = x [m, k] @ w [n, k].T in bf16 with fp32 accumulation
-    (cuBLAS's column-major view: D [n, m] = op_T(W) [n, k] @ X [k, m])."""
-
-    def __init__(self):
-        self.lib = _library()
-        self.handle = ctypes.c_void_p()
-        self._check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
-
-    @staticmethod
-    def _check(status: int, what: str) -> None:
-        if status != 0:
-            raise RuntimeError(f"{what}: cublasStatus {status}")
-
-    @functools.lru_cache(maxsize=None)
-    def descs(self, m: int, n: int, k: int):
-        lib, desc = self.lib, ctypes.c_void_p()
-        self._check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")
-        for attr, op in ((DESC_TRANSA, CUBLAS_OP_T), (DESC_TRANSB, CUBLAS_OP_N)):
-            v = ctypes.c_int32(op)
-            self._check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), ctypes.c_size_t(4)), "desc attribute")
-        layouts = []
-        for rows, cols, ld in ((k, n, k), (k, m, k), (n, m, n)):  # W, X, Y (column-major)
-            lay = ctypes.c_void_p()
-            self._check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), CUDA_R_16BF, ctypes.c_uint64(rows),
-                                                       ctypes.c_uint64(cols), ctypes.c_int64(ld)), "layout")
-            layouts.append(lay)
-        return desc, *layouts
-
-    def heuristic(self, m: int, n: int, k: int, count: int, workspace: int) -> list[HeuristicResult]:
-        desc, a, b, c = self.descs(m, n, k)
-        pref = ctypes.c_void_p()
-        self._check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
-        ws = ctypes.c_uint64(workspace)
-        self._check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws),
-                                                                  ctypes.c_size_t(8)), "preference attribute")
-        results, got = (HeuristicResult * count)(), ctypes.c_int()
-        status = self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, pref, count, results,
-                                                         ctypes.byref(got))
-        self.lib.cublasLtMatmulPreferenceDestroy(pref)
-        self._check(status, "cublasLtMatmulAlgoGetHeuristic")
-        return [results[i] for i in range(got.value) if results[i].state == 0]
-
-    def config(self, algo: Algo) -> dict:
-        out = {}
-        for name, attr, ctype in CONFIG:
-            v, written = ctype(), ctypes.c_size_t()
-            self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v),
-                                                          ctypes.c_size_t(ctypes.sizeof(v)), ctypes.byref(written))
-            out[name] = v.value
-        return out
-
-    def cap(self, algo: Algo, attr: int) -> int:
-        v, written = ctypes.c_int32(), ctypes.c_size_t()
-        self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), ctypes.c_size_t(4),
-                                                    ctypes.byref(written))
-        return v.value
-
-    def with_split(self, m: int, n: int, k: int, algo: Algo, splits: int, reduction: int) -> tuple[Algo, int] | None:
-        """A copy of `algo` cut in `splits` over K with `reduction`, and its workspace bytes; None where cuBLASLt
-        refuses it (cublasLtMatmulAlgoCheck)."""
-        new = Algo()
-        ctypes.memmove(ctypes.byref(new), ctypes.byref(algo), ctypes.sizeof(Algo))
-        s, r = ctypes.c_int32(splits), ctypes.c_uint32(reduction if splits > 1 else 0)
-        if (self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(new), 2, ctypes.byref(s), ctypes.c_size_t(4)) or
-                self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(new), 3, ctypes.byref(r), ctypes.c_size_t(4))):
-            return None
-        desc, a, b, c = self.descs(m, n, k)
-        res = HeuristicResult()
-        if self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, a, b, c, c, ctypes.byref(new), ctypes.byref(res)):
-            return None
-        return new, res.workspace_size
-
-    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo, ws: torch.Tensor) -> None:
-        """out = x @ w.T by `algo` on torch's current stream (capturable)."""
-        m, k = x.shape
-        desc, a, b, c = self.descs(m, w.shape[0], k)
-        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
-        self._check(self.lib.cublasLtMatmul(
-            self.handle, desc, ctypes.byref(one), ctypes.c_void_p(w.data_ptr()), a, ctypes.c_void_p(x.data_ptr()), b,
-            ctypes.byref(zero), ctypes.c_void_p(out.data_ptr()), c, ctypes.c_void_p(out.data_ptr()), c,
-            ctypes.byref(algo), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()), stream), "cublasLtMatmul")
+WIN = 0.02  # --write keeps a candidate that is at least this much faster than torch's path for the shape
 
 
 def step_roles(model) -> dict[tuple[str, tuple], int]:
@@ -164,69 +47,82 @@ def step_roles(model) -> dict[tuple[str, tuple], int]:
     return out
 
 
-def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
+def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
     n, k = shape
     mats = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(layers)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-    want = (x.float() @ mats[0].float().T)
+    want = x.float() @ mats[0].float().T
     nbytes = sum(w.numel() * w.element_size() for w in mats)
     frac = lambda ms: round(nbytes / (ms * 1e-3) / bw, 4)  # noqa: E731
     base = {"role": role, "shape": list(shape), "rows": m, "layers": layers}
-    records = []
     torch_ms = {}
     for lib in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(lib)
         torch_ms[lib] = graph_ms(lambda: [torch.nn.functional.linear(x, w) for w in mats], a.reps)
     torch.backends.cuda.preferred_blas_library("default")
-    records.append({"stage": "baseline", **base, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
-                    **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}})
+    path = "cublaslt" if cublaslt_takes(m, n, k) else "cublas"  # the library blas_linear takes without a table
+    records = [{"stage": "baseline", **base, "path": path, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
+                **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}}]
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
     seen, cands = set(), []
     for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, a.workspace)):
-        variants = [(h.algo, h.workspace_size, rank)]
-        if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
-            mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
-            for s in a.splits:
-                for red in (r for r in REDUCTIONS if r & mask):
-                    v = lt.with_split(m, n, k, h.algo, s, red)
-                    if v is not None and v[1] <= a.workspace:
-                        variants.append((*v, rank))
-        for algo, wsize, hrank in variants:
+        variants = [h.algo]
+        if lt.cap(h.algo, cublaslt.CAP_SPLITK_SUPPORT):
+            mask = lt.cap(h.algo, cublaslt.CAP_REDUCTION_SCHEME_MASK)
+            variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
+                         for s in a.splits for r in cublaslt.REDUCTIONS if r & mask]
+        for algo in variants:
+            need = None if algo is None else lt.checked(m, n, k, algo)
+            if need is None or need > a.workspace:
+                continue
             cfg = lt.config(algo)
             key = tuple(sorted(cfg.items()))
             if key not in seen:
                 seen.add(key)
-                cands.append((algo, wsize, hrank, cfg))
+                cands.append((algo, need, rank, cfg))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    for algo, wsize, hrank, cfg in cands[:a.max_candidates]:
-        out.fill_(float("nan"))
-        rec = {"stage": "candidate", **base, "heuristic_rank": hrank, "workspace": wsize, **cfg}
+    for algo, need, rank, cfg in cands[:a.max_candidates]:
+        out.fill_(float("nan"))  # an element the algorithm does not write fails the check
+        rec = {"stage": "candidate", **base, "heuristic_rank": rank, "workspace": need, "algo": cfg}
         try:
             lt.linear(x, mats[0], out, algo, ws)
             torch.cuda.synchronize()
             err = ((out.float() - want).abs().max() / want.abs().max()).item()
             rec["rel_err"] = round(err, 6)
-            if not err < 2e-2:  # NaN (an unwritten element) fails too
-                records.append(rec)
-                continue
-            outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in mats]
-            ms = graph_ms(lambda: [lt.linear(x, w, o, algo, ws) for w, o in zip(mats, outs)], a.reps)
-            rec.update(ms=round(ms, 4), of_copy_bw=frac(ms))
-        except RuntimeError as e:
+            if err < 2e-2:
+                outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in mats]
+                ms = graph_ms(lambda: [lt.linear(x, w, o, algo, ws) for w, o in zip(mats, outs)], a.reps)
+                rec.update(ms=round(ms, 4), of_copy_bw=frac(ms))
+        except cublaslt.CublasLtError as e:
             rec["error"] = str(e)[:160]
         records.append(rec)
     timed = [r for r in records if r.get("ms") is not None]
     if timed:
         best = min(timed, key=lambda r: r["ms"])
-        first = next((r for r in timed if r["heuristic_rank"] == 0 and r["splitk"] <= 1), None)
-        records.append({"stage": "best", **base, "candidates": len(cands), "timed": len(timed),
-                        "best_ms": best["ms"], "best_of_copy_bw": best["of_copy_bw"],
-                        "best": {k: best[k] for k, _, _ in CONFIG},
+        first = next((r for r in timed if r["heuristic_rank"] == 0 and r["algo"]["splitk"] <= 1), None)
+        records.append({"stage": "best", **base, "candidates": len(cands), "timed": len(timed), "path": path,
+                        "path_ms": round(torch_ms[path], 4), "best_ms": best["ms"],
+                        "best_of_copy_bw": best["of_copy_bw"], "best_workspace": best["workspace"],
+                        "best": best["algo"], "gain": round(1 - best["ms"] / torch_ms[path], 4),
                         "heuristic_first_ms": None if first is None else first["ms"],
                         **{f"torch_{k}_ms": round(v, 4) for k, v in torch_ms.items()}})
-    del mats
-    torch.cuda.empty_cache()
     return records
+
+
+def write_table(path: Path, gpu: str, bests: list[dict]) -> list[dict]:
+    """Merge into `path` (ALGOS_FILE's format) this GPU's entries: each shape and rows whose best candidate beat
+    torch's path by at least WIN; a shape and rows measured again without such a win loses its old entry."""
+    table = cublaslt.read_algos(path)
+    measured = {(b["rows"], *b["shape"]) for b in bests}
+    entries = [e for e in table.get(gpu, []) if (e["rows"], e["n"], e["k"]) not in measured]
+    won = [{"rows": b["rows"], "n": b["shape"][0], "k": b["shape"][1], "algo": b["best"],
+            "workspace": b["best_workspace"],
+            "measured": {"ms": b["best_ms"], "torch_ms": b["path_ms"], "torch_path": b["path"], "role": b["role"],
+                         "layers": b["layers"]}}
+           for b in bests if b["gain"] >= WIN]
+    table[gpu] = sorted(entries + won, key=lambda e: (e["rows"], e["n"], e["k"]))
+    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
+    return won
 
 
 def main(argv=None) -> int:
@@ -242,6 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--workspace", type=int, default=32 << 20, help="workspace bytes a candidate may use")
     ap.add_argument("--reps", type=int, default=10, help="graph replays a timing's median is taken over")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
+    ap.add_argument("--write", type=Path, nargs="?", const=cublaslt.ALGOS_FILE, default=None,
+                    help=f"merge the shapes whose best candidate beats torch's path by {WIN * 100:.0f} %% or more "
+                         "into this table (default the package's plugins/cublaslt_algos.json), under this GPU's name")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times cuBLASLt's kernels")
@@ -256,13 +155,19 @@ def main(argv=None) -> int:
     ceil = ceilings(quick=False)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
          "copy_GBps": ceil["copy_GBps"], "roles": [[r, list(s), n] for (r, s), n in roles.items()]})
-    lt = CublasLt()
+    lt, bests = cublaslt.lt(), []
     for m in (int(r) for r in a.rows.split(",")):
         for (role, shape), layers in roles.items():
             for rec in sweep(lt, role, shape, layers, m, ceil["copy_GBps"] * 1e9, a):
                 log(rec)
+                if rec["stage"] == "best":
+                    bests.append(rec)
                 if rec["stage"] != "candidate":
                     print({k: v for k, v in rec.items() if k != "stage"}, flush=True)
+            torch.cuda.empty_cache()  # the role's weights, before the next role's
+    if a.write is not None:
+        won = write_table(a.write, torch.cuda.get_device_name(), bests)
+        log({"stage": "table", "path": str(a.write), "entries": [[e["rows"], e["n"], e["k"]] for e in won]})
     return 0
 
 
