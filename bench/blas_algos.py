@@ -81,9 +81,13 @@ def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, b
                 seen.add(key)
                 cands.append((algo, need, rank, cfg))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    for algo, need, rank, cfg in cands[:a.max_candidates]:
+    for _, need, rank, cfg in cands[:a.max_candidates]:
         out.fill_(float("nan"))  # an element the algorithm does not write fails the check
         rec = {"stage": "candidate", **base, "heuristic_rank": rank, "workspace": need, "algo": cfg}
+        algo = lt.build(cfg)  # what the table's reader runs: the algorithm rebuilt from its configuration
+        if algo is None:
+            records.append({**rec, "error": "not rebuilt from its configuration"})
+            continue
         try:
             lt.linear(x, mats[0], out, algo, ws)
             torch.cuda.synchronize()
