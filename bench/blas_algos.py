@@ -65,7 +65,11 @@ def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, b
                 **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}}]
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
     seen, cands = set(), []
-    for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, a.workspace)):
+    # the heuristic's answers under several workspace bounds: it ranks by what fits, so a bound of a few MiB (as
+    # torch's) can bring candidates the widest one does not list
+    heur = [h for limit in sorted({0, 1 << 20, 4 << 20, a.workspace}) if limit <= a.workspace
+            for h in lt.heuristic(m, n, k, a.algos, limit)]
+    for rank, h in enumerate(heur):
         variants = [h.algo]
         if lt.cap(h.algo, cublaslt.CAP_SPLITK_SUPPORT):
             mask = lt.cap(h.algo, cublaslt.CAP_REDUCTION_SCHEME_MASK)
