@@ -11,25 +11,180 @@ torch's F.linear through cuBLAS and through cuBLASLt.
     python -m g4rt.bench.blas_algos --config 31b --rows 64 --roles o_proj,down_proj --out /tmp/algos
 
 Records (jsonl): one `baseline` a role and rows (torch's cuBLAS and cuBLASLt), one `candidate` a timed algorithm
-(its configuration, relative error, ms, fraction of the copy bandwidth), one `best` a role and rows.
+(its configuration, relative error, ms, fraction of the copy bandwidth), one `best` a role and rows (its `gain`
+over the path blas_linear takes for the shape). A candidate is timed as rebuilt from its configuration
+(cublasLtMatmulAlgoInit and its attributes), so a record names an algorithm that can be run again.
+
+The binding is ctypes over the libcublasLt torch loads (cublasLt.h of CUDA 12/13: every struct and enum used here
+is stable across them); its calls enqueue on torch's current stream, so they are captured into CUDA graphs.
 """
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
-import json
+import glob
+import os
 import sys
 from pathlib import Path
 
 import torch
 
-from g4rt.plugins import cublaslt
 from g4rt.plugins.triton_gemv import cublaslt_takes
 
 from .common import ceilings, log_json
 from .engine import decode_roles, graph_ms
 
-WIN = 0.02  # --write keeps a candidate that is at least this much faster than torch's path for the shape
+CUDA_R_32F, CUDA_R_16BF = 0, 14
+CUBLAS_COMPUTE_32F = 68
+CUBLAS_OP_N, CUBLAS_OP_T = 0, 1
+DESC_TRANSA, DESC_TRANSB = 3, 4  # cublasLtMatmulDescAttributes_t
+PREF_MAX_WORKSPACE_BYTES = 1  # cublasLtMatmulPreferenceAttributes_t
+# cublasLtMatmulAlgoConfigAttributes_t, in the order an algorithm is rebuilt: (name, id, ctype); the id is set by
+# cublasLtMatmulAlgoInit
+CONFIG = (("algo_id", 0, ctypes.c_int32), ("tile", 1, ctypes.c_uint32), ("splitk", 2, ctypes.c_int32),
+          ("reduction", 3, ctypes.c_uint32), ("swizzle", 4, ctypes.c_uint32), ("custom", 5, ctypes.c_uint32),
+          ("stages", 6, ctypes.c_uint32), ("inner_shape", 7, ctypes.c_uint16), ("cluster", 8, ctypes.c_uint16))
+CAP_SPLITK_SUPPORT, CAP_REDUCTION_SCHEME_MASK = 0, 1  # cublasLtMatmulAlgoCapAttributes_t
+REDUCTIONS = (1, 2, 4)  # cublasLtReductionScheme_t: in place, in the compute type's workspace, in the output's
+
+
+class Algo(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class HeuristicResult(ctypes.Structure):
+    _fields_ = [("algo", Algo), ("workspace_size", ctypes.c_size_t), ("state", ctypes.c_int),
+                ("waves", ctypes.c_float), ("reserved", ctypes.c_int * 4)]
+
+
+class CublasLtError(RuntimeError):
+    pass
+
+
+def _library() -> ctypes.CDLL:
+    """The libcublasLt torch runs (a first matmul loads it), else one from its nvidia wheels."""
+    torch.ones(8, 8, device="cuda") @ torch.ones(8, 8, device="cuda")
+    names = ["libcublasLt.so.13", "libcublasLt.so.12"]
+    for root in sys.path:
+        names += sorted(glob.glob(os.path.join(root, "nvidia", "*", "lib", "libcublasLt.so*")))
+    for name in names:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    raise CublasLtError("libcublasLt not found beside torch (tried " + ", ".join(names[:2]) + " and torch's wheels)")
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasLtError(f"{what}: cublasStatus_t {status}")
+
+
+def _size(n: int) -> ctypes.c_size_t:
+    return ctypes.c_size_t(n)
+
+
+class CublasLt:
+    """One handle, and the descriptors of y [m, n] = x [m, k] @ w [n, k].T in bf16 with fp32 accumulation
+    (cuBLAS's column-major view: D [n, m] = op_T(W) [n, k] @ X [k, m])."""
+
+    def __init__(self):
+        self.lib = _library()
+        self.handle = ctypes.c_void_p()
+        _check(self.lib.cublasLtCreate(ctypes.byref(self.handle)), "cublasLtCreate")
+        self._descs = {}
+
+    def descs(self, m: int, n: int, k: int) -> tuple:
+        if (m, n, k) not in self._descs:
+            lib, desc = self.lib, ctypes.c_void_p()
+            _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc")
+            for attr, op in ((DESC_TRANSA, CUBLAS_OP_T), (DESC_TRANSB, CUBLAS_OP_N)):
+                v = ctypes.c_int32(op)
+                _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(v), _size(4)), "desc attribute")
+            layouts = []
+            for rows, cols, ld in ((k, n, k), (k, m, k), (n, m, n)):  # W, X, Y, column-major
+                lay = ctypes.c_void_p()
+                _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(lay), CUDA_R_16BF, ctypes.c_uint64(rows),
+                                                      ctypes.c_uint64(cols), ctypes.c_int64(ld)), "layout")
+                layouts.append(lay)
+            self._descs[m, n, k] = (desc, *layouts)
+        return self._descs[m, n, k]
+
+    def heuristic(self, m: int, n: int, k: int, count: int, workspace: int) -> list[HeuristicResult]:
+        """Up to `count` of the heuristic's candidates, best first, that need at most `workspace` bytes."""
+        desc, a, b, c = self.descs(m, n, k)
+        pref = ctypes.c_void_p()
+        _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
+        try:
+            ws = ctypes.c_uint64(workspace)
+            _check(self.lib.cublasLtMatmulPreferenceSetAttribute(pref, PREF_MAX_WORKSPACE_BYTES, ctypes.byref(ws),
+                                                                 _size(8)), "preference attribute")
+            results, got = (HeuristicResult * count)(), ctypes.c_int()
+            _check(self.lib.cublasLtMatmulAlgoGetHeuristic(self.handle, desc, a, b, c, c, pref, count, results,
+                                                           ctypes.byref(got)), "cublasLtMatmulAlgoGetHeuristic")
+        finally:
+            self.lib.cublasLtMatmulPreferenceDestroy(pref)
+        return [results[i] for i in range(got.value) if results[i].state == 0]
+
+    def config(self, algo: Algo) -> dict:
+        """The algorithm's configuration, CONFIG's names to values (what `build` takes back)."""
+        out = {}
+        for name, attr, ctype in CONFIG:
+            v, written = ctype(), ctypes.c_size_t()
+            _check(self.lib.cublasLtMatmulAlgoConfigGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v),
+                                                                 _size(ctypes.sizeof(v)), ctypes.byref(written)),
+                   f"algo config {name}")
+            out[name] = v.value
+        return out
+
+    def cap(self, algo: Algo, attr: int) -> int:
+        v, written = ctypes.c_int32(), ctypes.c_size_t()
+        _check(self.lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(v), _size(4),
+                                                          ctypes.byref(written)), "algo capability")
+        return v.value
+
+    def _set(self, algo: Algo, config: dict) -> bool:
+        for name, attr, ctype in CONFIG[1:]:
+            v = ctype(config[name])
+            if self.lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(v),
+                                                             _size(ctypes.sizeof(v))):
+                return False
+        return True
+
+    def checked(self, m: int, n: int, k: int, algo: Algo) -> int | None:
+        """The workspace bytes `algo` needs for this shape, or None where cuBLASLt refuses it."""
+        desc, a, b, c = self.descs(m, n, k)
+        res = HeuristicResult()
+        if self.lib.cublasLtMatmulAlgoCheck(self.handle, desc, a, b, c, c, ctypes.byref(algo), ctypes.byref(res)):
+            return None
+        return res.workspace_size
+
+    def variant(self, algo: Algo, **changes) -> Algo | None:
+        """A copy of `algo` with some of its configuration changed (e.g. splitk, reduction); None where refused."""
+        new = Algo()
+        ctypes.memmove(ctypes.byref(new), ctypes.byref(algo), ctypes.sizeof(Algo))
+        return new if self._set(new, {**self.config(algo), **changes}) else None
+
+    def build(self, config: dict) -> Algo | None:
+        """The algorithm `config` names (cublasLtMatmulAlgoInit, then its attributes), None where this library
+        refuses it."""
+        algo = Algo()
+        if self.lib.cublasLtMatmulAlgoInit(self.handle, CUBLAS_COMPUTE_32F, CUDA_R_32F, CUDA_R_16BF, CUDA_R_16BF,
+                                           CUDA_R_16BF, CUDA_R_16BF, int(config["algo_id"]), ctypes.byref(algo)):
+            return None
+        return algo if self._set(algo, config) else None
+
+    def linear(self, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor, algo: Algo, ws: torch.Tensor) -> None:
+        """out = x @ w.T by `algo` on torch's current stream (capturable); `ws` its workspace."""
+        m, k = x.shape
+        desc, a, b, c = self.descs(m, w.shape[0], k)
+        one, zero = ctypes.c_float(1.0), ctypes.c_float(0.0)
+        _check(self.lib.cublasLtMatmul(
+            self.handle, desc, ctypes.byref(one), ctypes.c_void_p(w.data_ptr()), a, ctypes.c_void_p(x.data_ptr()), b,
+            ctypes.byref(zero), ctypes.c_void_p(out.data_ptr()), c, ctypes.c_void_p(out.data_ptr()), c,
+            ctypes.byref(algo), ctypes.c_void_p(ws.data_ptr()), _size(ws.numel()),
+            ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)), "cublasLtMatmul")
 
 
 def step_roles(model) -> dict[tuple[str, tuple], int]:
@@ -47,7 +202,7 @@ def step_roles(model) -> dict[tuple[str, tuple], int]:
     return out
 
 
-def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
+def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
     n, k = shape
     mats = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(layers)]
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
@@ -71,10 +226,10 @@ def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, b
             for h in lt.heuristic(m, n, k, a.algos, limit)]
     for rank, h in enumerate(heur):
         variants = [h.algo]
-        if lt.cap(h.algo, cublaslt.CAP_SPLITK_SUPPORT):
-            mask = lt.cap(h.algo, cublaslt.CAP_REDUCTION_SCHEME_MASK)
+        if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
+            mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
             variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
-                         for s in a.splits for r in cublaslt.REDUCTIONS if r & mask]
+                         for s in a.splits for r in REDUCTIONS if r & mask]
         for algo in variants:
             need = None if algo is None else lt.checked(m, n, k, algo)
             if need is None or need > a.workspace:
@@ -101,7 +256,7 @@ def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, b
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in mats]
                 ms = graph_ms(lambda: [lt.linear(x, w, o, algo, ws) for w, o in zip(mats, outs)], a.reps)
                 rec.update(ms=round(ms, 4), of_copy_bw=frac(ms))
-        except cublaslt.CublasLtError as e:
+        except CublasLtError as e:
             rec["error"] = str(e)[:160]
         records.append(rec)
     timed = [r for r in records if r.get("ms") is not None]
@@ -117,22 +272,6 @@ def sweep(lt: cublaslt.CublasLt, role: str, shape: tuple, layers: int, m: int, b
     return records
 
 
-def write_table(path: Path, gpu: str, bests: list[dict]) -> list[dict]:
-    """Merge into `path` (ALGOS_FILE's format) this GPU's entries: each shape and rows whose best candidate beat
-    torch's path by at least WIN; a shape and rows measured again without such a win loses its old entry."""
-    table = cublaslt.read_algos(path)
-    measured = {(b["rows"], *b["shape"]) for b in bests}
-    entries = [e for e in table.get(gpu, []) if (e["rows"], e["n"], e["k"]) not in measured]
-    won = [{"rows": b["rows"], "n": b["shape"][0], "k": b["shape"][1], "algo": b["best"],
-            "workspace": b["best_workspace"],
-            "measured": {"ms": b["best_ms"], "torch_ms": b["path_ms"], "torch_path": b["path"], "role": b["role"],
-                         "layers": b["layers"]}}
-           for b in bests if b["gain"] >= WIN]
-    table[gpu] = sorted(entries + won, key=lambda e: (e["rows"], e["n"], e["k"]))
-    path.write_text(json.dumps(table, indent=1, sort_keys=True) + "\n")
-    return won
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__.split("\n\n", 1)[1],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -146,9 +285,6 @@ def main(argv=None) -> int:
     ap.add_argument("--workspace", type=int, default=32 << 20, help="workspace bytes a candidate may use")
     ap.add_argument("--reps", type=int, default=10, help="graph replays a timing's median is taken over")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
-    ap.add_argument("--write", type=Path, nargs="?", const=cublaslt.ALGOS_FILE, default=None,
-                    help=f"merge the shapes whose best candidate beats torch's path by {WIN * 100:.0f} %% or more "
-                         "into this table (default the package's plugins/cublaslt_algos.json), under this GPU's name")
     a = ap.parse_args(argv)
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times cuBLASLt's kernels")
@@ -163,19 +299,14 @@ def main(argv=None) -> int:
     ceil = ceilings(quick=False)
     log({"stage": "setup", "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "config": a.config,
          "copy_GBps": ceil["copy_GBps"], "roles": [[r, list(s), n] for (r, s), n in roles.items()]})
-    lt, bests = cublaslt.lt(), []
+    lt = CublasLt()
     for m in (int(r) for r in a.rows.split(",")):
         for (role, shape), layers in roles.items():
             for rec in sweep(lt, role, shape, layers, m, ceil["copy_GBps"] * 1e9, a):
                 log(rec)
-                if rec["stage"] == "best":
-                    bests.append(rec)
                 if rec["stage"] != "candidate":
                     print({k: v for k, v in rec.items() if k != "stage"}, flush=True)
             torch.cuda.empty_cache()  # the role's weights, before the next role's
-    if a.write is not None:
-        won = write_table(a.write, torch.cuda.get_device_name(), bests)
-        log({"stage": "table", "path": str(a.write), "entries": [[e["rows"], e["n"], e["k"]] for e in won]})
     return 0
 
 

@@ -14,7 +14,7 @@ the bits depend on the plan (shape-only, `gemv_plan`), never on timing.
 Every projection of the model goes through the op `g4rt::skinny_linear`, which takes the kernel for a few rows and
 a weight that gives every SM a program of MODEL_CONFIG (wide, or cut over K), or is at most NARROW_BYTES (then a
 narrow tile gives it the programs); everything else is `blas_linear` (cuBLAS, or cuBLASLt where it measured
-faster: by a measured algorithm where plugins/cublaslt.py's table names one for the GPU and shape). The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
+faster). The gated GELU of the MLP's packed gate/up and of the PLE gate is this kernel's epilogue
 (`g4rt::gelu_linear`), and the residual step before such a GELU, its norms included, its prologue
 (`g4rt::add_norm_gelu_linear`, `ResidualNorm`): every program forms the input rows whole from L2 into a slice of
 its own, so no norm kernel runs between the projections. Each of these choices stays because the H200's decode
@@ -32,7 +32,6 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from .cublaslt import tuned_linear
 from .gluon_gemv import (copied_add_norm_gelu_linear, copied_add_norm_linear, copied_linear, copies_take,
                          gate_copies_take)
 from .launch import await_inputs, interpreting, pdl_launch, sm_count
@@ -357,15 +356,9 @@ def cublaslt_takes(rows: int, n: int, k: int) -> bool:
 
 
 def blas_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear(x, w) on CUDA by the cuBLASLt algorithm plugins/cublaslt_algos.json names for this GPU, x's rows and
-    w's shape (cublaslt.tuned_linear), else through the BLAS library `cublaslt_takes` names for its shape (torch's
-    preferred library, set for this call only); elsewhere plain F.linear."""
-    if x.device.type != "cuda":
-        return F.linear(x, w)
-    y = tuned_linear(x, w)
-    if y is not None:
-        return y
-    if not cublaslt_takes(x.shape[0], *w.shape):
+    """F.linear(x, w) on CUDA through the BLAS library `cublaslt_takes` names for its shape (torch's preferred
+    library, set for this call only), elsewhere plain F.linear."""
+    if x.device.type != "cuda" or not cublaslt_takes(x.shape[0], *w.shape):
         return F.linear(x, w)
     before = torch.backends.cuda.preferred_blas_library()
     torch.backends.cuda.preferred_blas_library("cublaslt")

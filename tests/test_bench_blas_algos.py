@@ -24,24 +24,3 @@ def test_a_step_runs_every_weight_once_packed_where_the_engines_pack():
     assert shared > 0
     assert sum(n for (role, _), n in step.items() if role == "sliding.self_attn.q_proj") == shared
 
-
-def test_the_table_keeps_wins_replaces_what_was_measured_again_and_other_gpus(tmp_path):
-    from g4rt.bench.blas_algos import WIN, write_table
-    from g4rt.plugins import cublaslt
-    path = tmp_path / "algos.json"
-    algo = {name: i for i, (name, _, _) in enumerate(cublaslt.CONFIG)}
-
-    def best(rows, n, k, gain):
-        return {"rows": rows, "shape": [n, k], "best": algo, "best_workspace": 1024, "best_ms": 1.0,
-                "path_ms": 1.0 / (1 - gain), "path": "cublaslt", "role": "r", "layers": 2, "gain": gain}
-
-    path.write_text('{"Other GPU": [{"rows": 64, "n": 8, "k": 16}]}')
-    won = write_table(path, "GPU", [best(64, 5376, 8192, 2 * WIN), best(64, 5376, 21504, WIN / 2)])
-    assert [(e["rows"], e["n"], e["k"]) for e in won] == [(64, 5376, 8192)]
-    table = cublaslt.read_algos(path)
-    assert table["Other GPU"] == [{"rows": 64, "n": 8, "k": 16}]
-    assert [(e["rows"], e["n"], e["k"], e["algo"]) for e in table["GPU"]] == [(64, 5376, 8192, algo)]
-    write_table(path, "GPU", [best(128, 5376, 8192, 2 * WIN)])  # another row count: both kept
-    assert [(e["rows"], e["n"]) for e in cublaslt.read_algos(path)["GPU"]] == [(64, 5376), (128, 5376)]
-    write_table(path, "GPU", [best(64, 5376, 8192, 0.0)])  # measured again without a win: its entry goes
-    assert [e["rows"] for e in cublaslt.read_algos(path)["GPU"]] == [128]
