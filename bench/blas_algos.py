@@ -215,35 +215,36 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
         torch.backends.cuda.preferred_blas_library(lib)
         torch_ms[lib] = graph_ms(lambda: [torch.nn.functional.linear(x, w) for w in mats], a.reps)
     torch.backends.cuda.preferred_blas_library("default")
-    path = "cublaslt" if cublaslt_takes(m, n, k) else "cublas"  # the library blas_linear takes without a table
+    path = "cublaslt" if cublaslt_takes(m, n, k) else "cublas"  # the library blas_linear takes for the shape
     records = [{"stage": "baseline", **base, "path": path, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
                 **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}}]
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
-    seen, cands = set(), []
-    # the heuristic's answers under several workspace bounds: it ranks by what fits, so a bound of a few MiB (as
-    # torch's) can bring candidates the widest one does not list
-    heur = [h for limit in sorted({0, 1 << 20, 4 << 20, a.workspace}) if limit <= a.workspace
-            for h in lt.heuristic(m, n, k, a.algos, limit)]
-    for rank, h in enumerate(heur):
-        variants = [h.algo]
-        if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
-            mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
-            variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
-                         for s in a.splits for r in REDUCTIONS if r & mask]
-        for algo in variants:
-            need = None if algo is None else lt.checked(m, n, k, algo)
-            if need is None or need > a.workspace:
-                continue
-            cfg = lt.config(algo)
-            key = tuple(sorted(cfg.items()))
-            if key not in seen:
-                seen.add(key)
-                cands.append((algo, need, rank, cfg))
+    seen, cands, firsts = set(), [], {}  # firsts: each workspace bound's first answer (its configuration's key)
+    # the heuristic's answers under several workspace bounds: it ranks by what fits, so a bound of a few MiB can
+    # bring candidates the widest one does not list (torch asks under its own workspace's size)
+    for bound in sorted({0, 1 << 20, 4 << 20, a.workspace}):
+        for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, bound) if bound <= a.workspace else []):
+            variants = [h.algo]
+            if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
+                mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
+                variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
+                             for s in a.splits for r in REDUCTIONS if r & mask]
+            for i, algo in enumerate(variants):
+                need = None if algo is None else lt.checked(m, n, k, algo)
+                if need is None or need > a.workspace:
+                    continue
+                cfg = lt.config(algo)
+                key = tuple(sorted(cfg.items()))
+                if rank == 0 and i == 0:
+                    firsts[bound] = key
+                if key not in seen:
+                    seen.add(key)
+                    cands.append((need, [bound, rank], cfg))
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
-    for _, need, rank, cfg in cands[:a.max_candidates]:
+    for need, answer, cfg in cands[:a.max_candidates]:
         out.fill_(float("nan"))  # an element the algorithm does not write fails the check
-        rec = {"stage": "candidate", **base, "heuristic_rank": rank, "workspace": need, "algo": cfg}
-        algo = lt.build(cfg)  # what the table's reader runs: the algorithm rebuilt from its configuration
+        rec = {"stage": "candidate", **base, "heuristic": answer, "workspace": need, "algo": cfg}
+        algo = lt.build(cfg)  # timed as rebuilt from its configuration, so the record can be run again
         if algo is None:
             records.append({**rec, "error": "not rebuilt from its configuration"})
             continue
@@ -262,12 +263,12 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
     timed = [r for r in records if r.get("ms") is not None]
     if timed:
         best = min(timed, key=lambda r: r["ms"])
-        first = next((r for r in timed if r["heuristic_rank"] == 0 and r["algo"]["splitk"] <= 1), None)
+        ms_of = {tuple(sorted(r["algo"].items())): r["ms"] for r in timed}
         records.append({"stage": "best", **base, "candidates": len(cands), "timed": len(timed), "path": path,
                         "path_ms": round(torch_ms[path], 4), "best_ms": best["ms"],
                         "best_of_copy_bw": best["of_copy_bw"], "best_workspace": best["workspace"],
                         "best": best["algo"], "gain": round(1 - best["ms"] / torch_ms[path], 4),
-                        "heuristic_first_ms": None if first is None else first["ms"],
+                        "heuristic_first_ms": {bound: ms_of.get(key) for bound, key in firsts.items()},
                         **{f"torch_{k}_ms": round(v, 4) for k, v in torch_ms.items()}})
     return records
 
