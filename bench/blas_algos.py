@@ -30,6 +30,8 @@ from pathlib import Path
 
 import torch
 
+from g4rt.models.config import load_config
+from g4rt.models.model import Gemma4Model
 from g4rt.plugins.triton_gemv import cublaslt_takes
 
 from .common import ceilings, log_json
@@ -290,8 +292,6 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times cuBLASLt's kernels")
     a.splits = [int(s) for s in a.splits.split(",") if s]
-    from g4rt.models.config import load_config
-    from g4rt.models.model import Gemma4Model
     model = Gemma4Model(load_config(a.config), dtype=torch.bfloat16, device="meta")  # shapes only
     parts = [p for p in a.roles.split(",") if p]
     roles = {k: v for k, v in step_roles(model).items() if not parts or any(p in k[0] for p in parts)}
