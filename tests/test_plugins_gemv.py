@@ -352,7 +352,8 @@ def test_serving_rows_take_a_row_tile_of_their_own_and_split_the_same_way(rows):
         assert torch.equal(tg.gemv(x, w, config=(16, 32, 4, 2), splits=splits), out[:rows])
 
 
-@pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(), reason="the compiled kernel: needs a CUDA GPU")
+@pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(),
+                    reason="the compiled kernel: needs a CUDA GPU and TRITON_INTERPRET=0 (this file defaults it to 1)")
 @pytest.mark.parametrize("rows", [64, 128])
 @pytest.mark.parametrize("n,k", [(5376, 21504), (16384, 5376)])
 def test_serving_tiles_on_the_gpu_match_a_float64_matmul(rows, n, k):
@@ -397,7 +398,8 @@ def test_cublaslt_takes_long_k_weights_from_9_rows_to_128():
     assert torch.equal(tg.blas_linear(x, w), torch.nn.functional.linear(x, w))
 
 
-@pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(), reason="cuBLASLt: needs a CUDA GPU")
+@pytest.mark.skipif(launch.interpreting() or not torch.cuda.is_available(),
+                    reason="cuBLASLt: needs a CUDA GPU and TRITON_INTERPRET=0 (this file defaults it to 1)")
 @pytest.mark.parametrize("rows,n,k", [(64, 5376, 8192), (128, 5376, 21504), (128, 5376, 8192)])
 def test_blas_linear_on_the_gpu_sets_the_library_for_its_call_only(rows, n, k):
     """On fresh random bf16 inputs, within bf16 rounding of the fp64 product whichever library the rule names,
