@@ -10,7 +10,8 @@
 # matmul by a measured algorithm from a table) and `bench.blas_algos --write`: it wrote the sweep's winners into a
 # copy of the tree, ran that copy's GPU tests and the 31B's batch-64 step against the tree without a table
 # (`git show 2b55654:export/results/s53_algos.sh`; export/results/README.md, session 53). Both are removed: the one
-# shape that won changed nothing in the step.
+# shape that won changed nothing in the step. Session 54 ran this script (ee28d23) on an H100 as
+# `ROWS=64 ALGOS_CAP=220 bash export/results/s53_algos.sh 320` (h100_s54_call1_*): torch's query is the 1 MiB one.
 BUDGET=${1:-570} TAG=s53
 source export/results/device_call.sh
 run_part algos "${ALGOS_CAP:-300}" python3 -m g4rt.bench.blas_algos --config 31b --rows "${ROWS:-64,128}" \
