@@ -221,24 +221,28 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
     records = [{"stage": "baseline", **base, "path": path, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
                 **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}}]
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
-    seen, cands, firsts = set(), [], {}  # firsts: each workspace bound's first answer (its configuration's key)
+    seen, answered, cands, firsts = set(), set(), [], {}  # firsts: each bound's first answer (its configuration)
     # the heuristic's answers under several workspace bounds: it ranks by what fits, so a bound of a few MiB can
     # bring candidates the widest one does not list (torch asks under its own workspace's size)
-    for bound in sorted({0, 1 << 20, 4 << 20, a.workspace}):
-        for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, bound) if bound <= a.workspace else []):
+    for bound in sorted({b for b in (0, 1 << 20, 4 << 20) if b < a.workspace} | {a.workspace}):
+        for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, bound)):
+            key = tuple(sorted(lt.config(h.algo).items()))
+            if rank == 0:
+                firsts[bound] = key
+            if key in answered:  # a smaller bound's answer: its variants are listed already
+                continue
+            answered.add(key)
             variants = [h.algo]
             if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
                 mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
                 variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
                              for s in a.splits for r in REDUCTIONS if r & mask]
-            for i, algo in enumerate(variants):
+            for algo in variants:
                 need = None if algo is None else lt.checked(m, n, k, algo)
                 if need is None or need > a.workspace:
                     continue
                 cfg = lt.config(algo)
                 key = tuple(sorted(cfg.items()))
-                if rank == 0 and i == 0:
-                    firsts[bound] = key
                 if key not in seen:
                     seen.add(key)
                     cands.append((need, [bound, rank], cfg))
