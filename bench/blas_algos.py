@@ -204,6 +204,42 @@ def step_roles(model) -> dict[tuple[str, tuple], int]:
     return out
 
 
+def config_key(config: dict) -> tuple:
+    """An algorithm's configuration as a hashable key (two answers with the same key are one candidate)."""
+    return tuple(sorted(config.items()))
+
+
+def candidates(lt: CublasLt, m: int, n: int, k: int, a) -> tuple[list, dict]:
+    """The candidates to time for an [m x k] @ [n x k]^T: ([(workspace, [bound, rank], configuration)], {bound: the
+    configuration key of its first answer}). The heuristic is asked under several workspace bounds: it ranks by what
+    fits, so a bound of a few MiB can bring candidates the widest one does not list (torch asks under 1 MiB). Each
+    answer adds itself and its split-K variants that pass `checked` within --workspace bytes; an answer a smaller
+    bound gave already is not asked for its variants again."""
+    seen, answered, cands, firsts = set(), set(), [], {}
+    for bound in sorted({b for b in (0, 1 << 20, 4 << 20) if b < a.workspace} | {a.workspace}):
+        for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, bound)):
+            answer = config_key(lt.config(h.algo))
+            if rank == 0:
+                firsts[bound] = answer
+            if answer in answered:
+                continue
+            answered.add(answer)
+            variants = [h.algo]
+            if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
+                mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
+                variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
+                             for s in a.splits for r in REDUCTIONS if r & mask]
+            for algo in variants:
+                need = None if algo is None else lt.checked(m, n, k, algo)
+                if need is None or need > a.workspace:
+                    continue
+                cfg = lt.config(algo)
+                if (key := config_key(cfg)) not in seen:
+                    seen.add(key)
+                    cands.append((need, [bound, rank], cfg))
+    return cands, firsts
+
+
 def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
     n, k = shape
     mats = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(layers)]
@@ -221,31 +257,7 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
     records = [{"stage": "baseline", **base, "path": path, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
                 **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}}]
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
-    seen, answered, cands, firsts = set(), set(), [], {}  # firsts: each bound's first answer (its configuration)
-    # the heuristic's answers under several workspace bounds: it ranks by what fits, so a bound of a few MiB can
-    # bring candidates the widest one does not list (torch asks under its own workspace's size)
-    for bound in sorted({b for b in (0, 1 << 20, 4 << 20) if b < a.workspace} | {a.workspace}):
-        for rank, h in enumerate(lt.heuristic(m, n, k, a.algos, bound)):
-            key = tuple(sorted(lt.config(h.algo).items()))
-            if rank == 0:
-                firsts[bound] = key
-            if key in answered:  # a smaller bound's answer: its variants are listed already
-                continue
-            answered.add(key)
-            variants = [h.algo]
-            if lt.cap(h.algo, CAP_SPLITK_SUPPORT):
-                mask = lt.cap(h.algo, CAP_REDUCTION_SCHEME_MASK)
-                variants += [lt.variant(h.algo, splitk=s, reduction=r if s > 1 else 0)
-                             for s in a.splits for r in REDUCTIONS if r & mask]
-            for algo in variants:
-                need = None if algo is None else lt.checked(m, n, k, algo)
-                if need is None or need > a.workspace:
-                    continue
-                cfg = lt.config(algo)
-                key = tuple(sorted(cfg.items()))
-                if key not in seen:
-                    seen.add(key)
-                    cands.append((need, [bound, rank], cfg))
+    cands, firsts = candidates(lt, m, n, k, a)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
     for need, answer, cfg in cands[:a.max_candidates]:
         out.fill_(float("nan"))  # an element the algorithm does not write fails the check
@@ -269,7 +281,7 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
     timed = [r for r in records if r.get("ms") is not None]
     if timed:
         best = min(timed, key=lambda r: r["ms"])
-        ms_of = {tuple(sorted(r["algo"].items())): r["ms"] for r in timed}
+        ms_of = {config_key(r["algo"]): r["ms"] for r in timed}
         records.append({"stage": "best", **base, "candidates": len(cands), "timed": len(timed), "path": path,
                         "path_ms": round(torch_ms[path], 4), "best_ms": best["ms"],
                         "best_of_copy_bw": best["of_copy_bw"], "best_workspace": best["workspace"],
