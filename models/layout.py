@@ -226,10 +226,6 @@ class PageGeometry:
     def frame_bytes(self) -> int:
         return self.frame_elems * self.layout.sliding.dtype_bytes
 
-    def used_fraction(self, group: str) -> float:
-        g = getattr(self.layout, group)
-        return self.page_tokens[group] * g.bytes_per_token / self.frame_bytes()
-
     def pages_for(self, group: str, positions: int) -> int:
         return math.ceil(positions / self.page_tokens[group]) if positions > 0 else 0
 

@@ -85,7 +85,7 @@ def test_page_geometry_invariants(name, page_tokens):
         for (a0, a1), (b0, b1) in zip(spans, spans[1:]):
             assert a1 <= b0, f"{name} {group.name}: blocks overlap"
         assert spans[-1][1] <= geo.frame_elems, f"{name} {group.name}: blocks overflow the frame"
-        assert 0 < geo.used_fraction(group.name) <= 1.0
+        assert 0 < tokens * group.bytes_per_token <= geo.frame_bytes()  # a page fits its frame
     # Every layer reads the offsets of the cache it attends over.
     for l in lay.layers:
         assert geo.layer_offsets(l.index) == geo.offsets[l.source]

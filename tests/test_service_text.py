@@ -14,6 +14,13 @@ def tok():
     return Tokenizer.from_dir(ensure_tiny())
 
 
+def _piece(d: IncrementalDetokenizer, new_ids: list[int], final: bool = False) -> str:
+    """One stream's piece: `window` and `advance` around its own decode (the service decodes a step's streams
+    in one call, outputs.py)."""
+    ids = d.window(new_ids, final)
+    return "" if ids is None else d.advance(d.tok.decode_many(ids, d.skip), final)
+
+
 def test_streamed_pieces_add_up_to_the_one_shot_decode(tok):
     rng = random.Random(0)
     for trial in range(200):
@@ -24,9 +31,9 @@ def test_streamed_pieces_add_up_to_the_one_shot_decode(tok):
         i = 0
         while i < len(ids):  # tokens arrive one or a few per step
             n = rng.randint(1, 3)
-            pieces.append(d.push(ids[i:i + n]))
+            pieces.append(_piece(d, ids[i:i + n]))
             i += n
-        pieces.append(d.flush())
+        pieces.append(_piece(d, [], final=True))
         assert "".join(pieces) == tok.decode(ids), trial
         assert all("\ufffd" not in p for p in pieces[:-1]) or "\ufffd" in tok.decode(ids)
 
@@ -35,7 +42,7 @@ def test_multibyte_characters_are_never_split(tok):
     text = "日本語 🎉 wörld"
     ids = tok.encode([text], add_special_tokens=False)[0]
     d = IncrementalDetokenizer(tok, [2])
-    pieces = [d.push([i]) for i in ids] + [d.flush()]
+    pieces = [_piece(d, [i]) for i in ids] + [_piece(d, [], final=True)]
     assert "".join(pieces) == text and "\ufffd" not in "".join(pieces)
     assert len([p for p in pieces if p]) < len(ids)  # some tokens were held until their character completed
 

@@ -55,7 +55,7 @@ class IncrementalDetokenizer:
 
     In two halves, so that a step's streams decode in one `Tokenizer.decode_many` call (outputs.py):
     `window(new_ids, final)` takes the tokens and says what to decode, `advance(texts, final)` takes
-    those decodes and returns the piece. `push` and `flush` do both for one stream.
+    those decodes and returns the piece.
     """
 
     def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int], skip_special_tokens: bool = True):
@@ -84,17 +84,6 @@ class IncrementalDetokenizer:
             self.prefix, self.read = self.read, len(self.ids)
             return after[len(before):]
         return ""
-
-    def _step(self, new_ids: list[int], final: bool) -> str:
-        ids = self.window(new_ids, final)
-        return "" if ids is None else self.advance(self.tok.decode_many(ids, self.skip), final)
-
-    def push(self, new_ids: list[int]) -> str:
-        return self._step(new_ids, False)
-
-    def flush(self) -> str:
-        """What is left at the end."""
-        return self._step([], True)
 
 
 @dataclass
