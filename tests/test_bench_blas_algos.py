@@ -28,8 +28,6 @@ def test_a_step_runs_every_weight_once_packed_where_the_engines_pack():
     assert sum(n for (role, _), n in step.items() if role == "sliding.self_attn.q_proj") == shared
 
 
-
-
 class _FakeLt:
     """cuBLASLt's calls as `candidates` makes them: an algorithm is a dict (its configuration, split-K 1 unless
     set), the heuristic answers by workspace bound, and capability queries are counted, so the test sees what is
