@@ -10,9 +10,13 @@ torch's F.linear through cuBLAS and through cuBLASLt.
 
     python -m g4rt.bench.blas_algos --config 31b --rows 64 --roles o_proj,down_proj --out /tmp/algos
 
-Records (jsonl): one `baseline` a role and rows (torch's cuBLAS and cuBLASLt), one `candidate` a timed algorithm
-(its configuration, relative error, ms, fraction of the copy bandwidth), one `best` a role and rows (its `gain`
-over the path blas_linear takes for the shape). A candidate is timed as rebuilt from its configuration
+With --rounds and --layouts a role's weights are allocated afresh several times, each allocation with its own
+baseline (`--max-candidates 0`: only those): a time that moves between allocations where the kernel does not is the
+memory's, not the heuristic's.
+
+Records (jsonl): one `baseline` a role, rows and allocation (torch's cuBLAS and cuBLASLt: times and kernels), one
+`candidate` a timed algorithm (its configuration, relative error, ms, fraction of the copy bandwidth), one `best` a
+role and rows (its `gain` over the path blas_linear takes for the shape). A candidate is timed as rebuilt from its configuration
 (cublasLtMatmulAlgoInit and its attributes), so a record names an algorithm that can be run again.
 
 The binding is ctypes over the libcublasLt torch loads (cublasLt.h of CUDA 12/13: every struct and enum used here
@@ -240,22 +244,54 @@ def candidates(lt: CublasLt, m: int, n: int, k: int, a) -> tuple[list, dict]:
     return cands, firsts
 
 
+def weights(n: int, k: int, layers: int, layout: str) -> list[torch.Tensor]:
+    """Fresh random [n, k] weights, one a layer: `separate` a tensor each (as a model holds them), `one` views into
+    one tensor (one allocation for the role)."""
+    if layout == "one":
+        return list((torch.randn(layers, n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5).unbind(0))
+    return [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(layers)]
+
+
+def kernel_names(fn) -> list[str]:
+    """The CUDA kernels `fn` launches, by name (the profiler's), in order."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+
+
+def baseline(x: torch.Tensor, mats: list, base: dict, bw: float, reps: int) -> dict:
+    """torch's F.linear over `mats` through cuBLAS and through cuBLASLt: each one's graph time, fraction of the copy
+    bandwidth and kernels (which algorithm the library's heuristic took), and the library blas_linear takes."""
+    (n, k), m = mats[0].shape, x.shape[0]
+    nbytes = sum(w.numel() * w.element_size() for w in mats)
+    rec = {"stage": "baseline", **base, "path": "cublaslt" if cublaslt_takes(m, n, k) else "cublas"}
+    for lib in ("cublas", "cublaslt"):
+        torch.backends.cuda.preferred_blas_library(lib)
+        ms = graph_ms(lambda: [torch.nn.functional.linear(x, w) for w in mats], reps)
+        rec.update({f"{lib}_ms": round(ms, 4), f"{lib}_of_copy_bw": round(nbytes / (ms * 1e-3) / bw, 4),
+                    f"{lib}_kernels": kernel_names(lambda: torch.nn.functional.linear(x, mats[0]))})
+    torch.backends.cuda.preferred_blas_library("default")
+    return rec
+
+
 def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float, a) -> list[dict]:
+    """The role's baselines, one for each of --rounds fresh allocations of each of --layouts (a time that moves
+    with the allocation and not the kernel is the memory's), then its candidates timed over the first one."""
     n, k = shape
-    mats = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5 for _ in range(layers)]
+    base = {"role": role, "shape": list(shape), "rows": m, "layers": layers}
     x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    mats = weights(n, k, layers, a.layouts[0])  # the candidates' weights
+    records = [baseline(x, mats, {**base, "round": 0, "layout": a.layouts[0]}, bw, a.reps)]
+    for rnd, layout in [(r, lay) for r in range(a.rounds) for lay in a.layouts][1:]:
+        records.append(baseline(x, weights(n, k, layers, layout), {**base, "round": rnd, "layout": layout}, bw,
+                                a.reps))
+        torch.cuda.empty_cache()  # that allocation's weights, before the next one's
+    path, torch_ms = records[0]["path"], {lib: records[0][f"{lib}_ms"] for lib in ("cublas", "cublaslt")}
     want = x.float() @ mats[0].float().T
     nbytes = sum(w.numel() * w.element_size() for w in mats)
     frac = lambda ms: round(nbytes / (ms * 1e-3) / bw, 4)  # noqa: E731
-    base = {"role": role, "shape": list(shape), "rows": m, "layers": layers}
-    torch_ms = {}
-    for lib in ("cublas", "cublaslt"):
-        torch.backends.cuda.preferred_blas_library(lib)
-        torch_ms[lib] = graph_ms(lambda: [torch.nn.functional.linear(x, w) for w in mats], a.reps)
-    torch.backends.cuda.preferred_blas_library("default")
-    path = "cublaslt" if cublaslt_takes(m, n, k) else "cublas"  # the library blas_linear takes for the shape
-    records = [{"stage": "baseline", **base, "path": path, **{f"{k}_ms": round(v, 4) for k, v in torch_ms.items()},
-                **{f"{k}_of_copy_bw": frac(v) for k, v in torch_ms.items()}}]
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
     cands, firsts = candidates(lt, m, n, k, a)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -283,11 +319,11 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
         best = min(timed, key=lambda r: r["ms"])
         ms_of = {config_key(r["algo"]): r["ms"] for r in timed}
         records.append({"stage": "best", **base, "candidates": len(cands), "timed": len(timed), "path": path,
-                        "path_ms": round(torch_ms[path], 4), "best_ms": best["ms"],
+                        "path_ms": torch_ms[path], "best_ms": best["ms"],
                         "best_of_copy_bw": best["of_copy_bw"], "best_workspace": best["workspace"],
                         "best": best["algo"], "gain": round(1 - best["ms"] / torch_ms[path], 4),
                         "heuristic_first_ms": {bound: ms_of.get(key) for bound, key in firsts.items()},
-                        **{f"torch_{k}_ms": round(v, 4) for k, v in torch_ms.items()}})
+                        **{f"torch_{k}_ms": v for k, v in torch_ms.items()}})
     return records
 
 
@@ -303,11 +339,18 @@ def main(argv=None) -> int:
     ap.add_argument("--max-candidates", type=int, default=200, help="most candidates timed a shape")
     ap.add_argument("--workspace", type=int, default=32 << 20, help="workspace bytes a candidate may use")
     ap.add_argument("--reps", type=int, default=10, help="graph replays a timing's median is taken over")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="fresh allocations of a role's weights, each with its own baseline (0 candidates: only those)")
+    ap.add_argument("--layouts", default="separate",
+                    help="comma-separated: separate (a tensor a layer's weight) and/or one (views into one tensor)")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
     a = ap.parse_args(argv)
+    a.splits = [int(s) for s in a.splits.split(",") if s]
+    a.layouts = [lay for lay in a.layouts.split(",") if lay]
+    if a.rounds < 1 or not a.layouts or set(a.layouts) - {"separate", "one"}:
+        ap.error(f"--rounds {a.rounds} --layouts {','.join(a.layouts)}: at least one round of separate and/or one")
     if not torch.cuda.is_available():
         ap.error("needs a CUDA GPU: it times cuBLASLt's kernels")
-    a.splits = [int(s) for s in a.splits.split(",") if s]
     model = Gemma4Model(load_config(a.config), dtype=torch.bfloat16, device="meta")  # shapes only
     parts = [p for p in a.roles.split(",") if p]
     roles = {k: v for k, v in step_roles(model).items() if not parts or any(p in k[0] for p in parts)}

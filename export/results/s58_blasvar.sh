@@ -1,26 +1,26 @@
 #!/usr/bin/env bash
-# Session 58's device calls (any card): export/results/s58_blasvar.py in $PROCS (default 6) fresh processes of at most
-# $VAR_CAP s (default 40), their lines in $OUT/blasvar.jsonl tagged with the process's number and its allocator
-# setting; the first process also under CUBLASLT_LOG_LEVEL=2 (cuBLASLt's trace of the calls torch's cuBLAS path
-# makes, gzipped). $VAR_ARGS: the script's arguments (rows, rounds, layouts, roles); $ALLOC_CONFS: space-separated
-# PYTORCH_CUDA_ALLOC_CONF values the processes cycle through ("-" for none; default "-").
+# Session 58's device calls (any card): why torch's cuBLAS call of one shape took 15.5-15.7 % longer in one process
+# than in another (session 57). `bench.blas_algos --max-candidates 0` in $PROCS (default 6) fresh processes of at
+# most $VAR_CAP s (default 60): for each of $ROLES (default the packed sliding q/k/v and the full gate/up) at $ROWS
+# (default 64) rows, $ROUNDS (default 2) fresh allocations of each of $LAYOUTS (default separate; `one`: every
+# layer's weight a view into one tensor), each with torch's cuBLAS and cuBLASLt graph time and the kernels they run.
+# The processes cycle through $ALLOC_CONFS (space-separated PYTORCH_CUDA_ALLOC_CONF values, "-" for none; default
+# "-"); records in $OUT/blasvar.jsonl tagged with the setting as the arm and the process's number as the rep.
 #     bash export/results/s58_blasvar.sh [budget_s]      # default 300 s
 BUDGET=${1:-300} TAG=s58
 source export/results/device_call.sh
 read -ra confs <<< "${ALLOC_CONFS:--}"
 for p in $(seq 1 "${PROCS:-6}"); do
   conf=${confs[$(( (p - 1) % ${#confs[@]} ))]}
-  [ "$conf" = - ] && conf=
-  if [ "$p" = 1 ]; then
-    PYTORCH_CUDA_ALLOC_CONF=$conf CUBLASLT_LOG_LEVEL=2 CUBLASLT_LOG_FILE=$OUT/ltlog_%i.txt run_part "blasvar_$p" \
-      "${VAR_CAP:-40}" python3 export/results/s58_blasvar.py ${VAR_ARGS:-}
-  else
-    PYTORCH_CUDA_ALLOC_CONF=$conf run_part "blasvar_$p" "${VAR_CAP:-40}" python3 export/results/s58_blasvar.py ${VAR_ARGS:-}
-  fi
-  grep '^{' "$OUT/blasvar_$p.log" | python3 -c "import json,sys; [print(json.dumps({'proc': int(sys.argv[1]),
-    'alloc_conf': sys.argv[2], **json.loads(l)})) for l in sys.stdin]" "$p" "$conf" >> "$OUT/blasvar.jsonl"
-  grep '^{' "$OUT/blasvar_$p.log" | python3 -c "import json,sys; [print(sys.argv[1], sys.argv[2], (r:=json.loads(l))['role'],
-    r['layout'], r['alloc'], r['lib'], r['ms'], r['GBps'], [k[:50] for k in r['kernels']]) for l in sys.stdin]" "$p" "$conf"
+  PYTORCH_CUDA_ALLOC_CONF=${conf#-} run_arm /tmp/pkg "${conf//[:=,]/_}" "$p" blasvar "${VAR_CAP:-60}" blas_algos \
+    --config 31b --rows "${ROWS:-64}" --roles "${ROLES:-sliding.self_attn.qkv,full.mlp.gate_up}" \
+    --max-candidates 0 --rounds "${ROUNDS:-2}" --layouts "${LAYOUTS:-separate}"
 done
-gzip "$OUT"/ltlog_*.txt 2>/dev/null
+python3 - "$OUT/blasvar.jsonl" <<'PY'
+import json, sys
+for r in map(json.loads, open(sys.argv[1])):
+    if r["stage"] == "baseline":
+        print(r["arm"], r["rep"], r["role"], r["layout"], r["round"], r["cublas_ms"], r["cublaslt_ms"],
+              sorted({k[:48] for k in r["cublas_kernels"] + r["cublaslt_kernels"]}))
+PY
 finish_call
