@@ -254,11 +254,10 @@ def weights(n: int, k: int, layers: int, layout: str) -> list[torch.Tensor]:
 
 def kernel_names(fn) -> list[str]:
     """The CUDA kernels `fn` launches, by name (the profiler's), in order."""
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
         fn()
         torch.cuda.synchronize()
-    return [e.name for e in prof.events() if e.device_type.name == "CUDA"]
+    return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
 def baseline(x: torch.Tensor, mats: list, base: dict, bw: float, reps: int) -> dict:
