@@ -3,10 +3,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import pytest
 import torch
 from conftest import tiny_config
 
-from g4rt.bench.blas_algos import (CAP_REDUCTION_SCHEME_MASK, CAP_SPLITK_SUPPORT, candidates, config_key,
+from g4rt.bench.blas_algos import (CAP_REDUCTION_SCHEME_MASK, CAP_SPLITK_SUPPORT, candidates, config_key, main,
                                    step_roles)
 from g4rt.bench.engine import decode_roles
 from g4rt.models.model import Gemma4Model
@@ -70,3 +71,13 @@ def test_candidates_ask_each_answer_once_and_keep_each_bound_first_answer():
     cands, firsts = candidates(lt, 64, 5376, 8192, SimpleNamespace(workspace=1 << 19, algos=8, splits=[1, 2, 4]))
     assert [(cfg["algo_id"], cfg["splitk"]) for _, _, cfg in cands] == [(66, 1), (66, 2), (7, 1)]
     assert list(firsts) == [0, 1 << 19]
+
+
+def test_rounds_and_layouts_are_checked_before_any_gpu_work(capsys):
+    """A bad --rounds or --layouts stops the bench with a message naming both, whatever the machine (before the
+    CUDA check), so a device call does not spend its start on a typo."""
+    for argv in (["--rounds", "0"], ["--layouts", "separate,two"], ["--layouts", ","]):
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2
+        assert "--rounds" in capsys.readouterr().err
