@@ -16,8 +16,8 @@ memory's, not the heuristic's.
 
 Records (jsonl): one `baseline` a role, rows and allocation (torch's cuBLAS and cuBLASLt: times and kernels), one
 `candidate` a timed algorithm (its configuration, relative error, ms, fraction of the copy bandwidth), one `best` a
-role and rows (its `gain` over the path blas_linear takes for the shape). A candidate is timed as rebuilt from its configuration
-(cublasLtMatmulAlgoInit and its attributes), so a record names an algorithm that can be run again.
+role and rows (its `gain` over the path blas_linear takes for the shape). A candidate is timed as rebuilt from its
+configuration (cublasLtMatmulAlgoInit and its attributes), so a record names an algorithm that can be run again.
 
 The binding is ctypes over the libcublasLt torch loads (cublasLt.h of CUDA 12/13: every struct and enum used here
 is stable across them); its calls enqueue on torch's current stream, so they are captured into CUDA graphs.
@@ -260,16 +260,20 @@ def kernel_names(fn) -> list[str]:
     return [e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
 
 
+def of_copy_bw(mats: list, ms: float, bw: float) -> float:
+    """The fraction of the copy bandwidth `bw` (bytes/s) at which a pass over `mats` in `ms` read them."""
+    return round(sum(w.numel() * w.element_size() for w in mats) / (ms * 1e-3) / bw, 4)
+
+
 def baseline(x: torch.Tensor, mats: list, base: dict, bw: float, reps: int) -> dict:
     """torch's F.linear over `mats` through cuBLAS and through cuBLASLt: each one's graph time, fraction of the copy
     bandwidth and kernels (which algorithm the library's heuristic took), and the library blas_linear takes."""
     (n, k), m = mats[0].shape, x.shape[0]
-    nbytes = sum(w.numel() * w.element_size() for w in mats)
     rec = {"stage": "baseline", **base, "path": "cublaslt" if cublaslt_takes(m, n, k) else "cublas"}
     for lib in ("cublas", "cublaslt"):
         torch.backends.cuda.preferred_blas_library(lib)
         ms = graph_ms(lambda: [torch.nn.functional.linear(x, w) for w in mats], reps)
-        rec.update({f"{lib}_ms": round(ms, 4), f"{lib}_of_copy_bw": round(nbytes / (ms * 1e-3) / bw, 4),
+        rec.update({f"{lib}_ms": round(ms, 4), f"{lib}_of_copy_bw": of_copy_bw(mats, ms, bw),
                     f"{lib}_kernels": kernel_names(lambda: torch.nn.functional.linear(x, mats[0]))})
     torch.backends.cuda.preferred_blas_library("default")
     return rec
@@ -289,8 +293,6 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
         torch.cuda.empty_cache()  # that allocation's weights, before the next one's
     path, torch_ms = records[0]["path"], {lib: records[0][f"{lib}_ms"] for lib in ("cublas", "cublaslt")}
     want = x.float() @ mats[0].float().T
-    nbytes = sum(w.numel() * w.element_size() for w in mats)
-    frac = lambda ms: round(nbytes / (ms * 1e-3) / bw, 4)  # noqa: E731
     ws = torch.empty(a.workspace, dtype=torch.uint8, device="cuda")
     cands, firsts = candidates(lt, m, n, k, a)
     out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
@@ -309,7 +311,7 @@ def sweep(lt: CublasLt, role: str, shape: tuple, layers: int, m: int, bw: float,
             if err < 2e-2:
                 outs = [torch.empty(m, n, device="cuda", dtype=torch.bfloat16) for _ in mats]
                 ms = graph_ms(lambda: [lt.linear(x, w, o, algo, ws) for w, o in zip(mats, outs)], a.reps)
-                rec.update(ms=round(ms, 4), of_copy_bw=frac(ms))
+                rec.update(ms=round(ms, 4), of_copy_bw=of_copy_bw(mats, ms, bw))
         except CublasLtError as e:
             rec["error"] = str(e)[:160]
         records.append(rec)
@@ -339,7 +341,8 @@ def main(argv=None) -> int:
     ap.add_argument("--workspace", type=int, default=32 << 20, help="workspace bytes a candidate may use")
     ap.add_argument("--reps", type=int, default=10, help="graph replays a timing's median is taken over")
     ap.add_argument("--rounds", type=int, default=1,
-                    help="fresh allocations of a role's weights, each with its own baseline (0 candidates: only those)")
+                    help="fresh allocations of a role's weights, each with its own baseline "
+                         "(with --max-candidates 0: only those)")
     ap.add_argument("--layouts", default="separate",
                     help="comma-separated: separate (a tensor a layer's weight) and/or one (views into one tensor)")
     ap.add_argument("--out", type=Path, default=Path("bench_out"))
