@@ -9,8 +9,9 @@
 #     bash export/results/s58_blasvar.sh [budget_s]      # default 300 s
 # Session 58's one call ran this script's first form (b2d0c30: a standalone probe, two allocations a role, separate
 # tensors, no allocator setting) as `PROCS=6 VAR_CAP=45 bash export/results/s58_blasvar.sh 330` (h100_s58_call1_*).
-# The next call (export/results/README.md, session 58): PROCS=4 VAR_CAP=60 ALLOC_CONFS="- expandable_segments:True"
-#   ROUNDS=2 LAYOUTS=separate,one bash export/results/s58_blasvar.sh 220
+# Session 59 ran on an H100 (h100_s59_call1_*; export/results/README.md, "The allocator's expandable segments"):
+#   PROCS=4 VAR_CAP=60 ALLOC_CONFS="- expandable_segments:True" ROUNDS=2 LAYOUTS=separate,one \
+#     bash export/results/s58_blasvar.sh 220
 BUDGET=${1:-300} TAG=s58
 source export/results/device_call.sh
 read -ra confs <<< "${ALLOC_CONFS:--}"
