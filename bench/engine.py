@@ -517,7 +517,8 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
     `decode_profile` of the graph as the last timed step left it, every one of the `batch` sequences decoding.
 
     The caller picks `prompt_len` so that the timed steps stay in one table-width bucket (one graph);
-    a capture inside a window would show in `captures_in_window`."""
+    a capture inside a window would show in `captures_in_window`. A record's `round` is the alternation's
+    (0 to reps - 1, at a growing context); not `rep`, which the device scripts' run_arm sets to the process."""
     cfg = SchedulerConfig(max_num_batched_tokens=DECODE_STEPS_BUDGET, chunk=prompt_len, max_num_seqs=batch)
     new_tokens = decode_steps_tokens(batch, prompt_len, window, reps)
     frames = sum(promise_for(engine.geometry, prompt_len, new_tokens, cfg.chunk).frames for _ in range(batch)) + 8
@@ -532,7 +533,7 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
         llm.step()
     sync()
     out = []
-    for rep in range(reps):
+    for rnd in range(reps):
         for overlap in (True, False):
             llm.overlap = overlap
             llm.step()  # the loop settles into this arm's pattern
@@ -546,7 +547,7 @@ def decode_steps(engine, model, batch: int, prompt_len: int, window: int, reps: 
             replay = statistics.median(replay_times(graph, 10)) if graph is not None else None
             wall = statistics.median(walls)
             r = roofline(model, batch, prompt_len + seqs[0].draws, ceil)
-            out.append({"stage": "decode_steps", "batch": batch, "overlap": overlap, "rep": rep,
+            out.append({"stage": "decode_steps", "batch": batch, "overlap": overlap, "round": rnd,
                         "context": prompt_len + seqs[0].draws, "step_wall_ms_median": round(wall, 3),
                         "step_wall_ms_min": round(min(walls), 3), "step_wall_ms_max": round(max(walls), 3),
                         "replay_ms": None if replay is None else round(replay, 3),
