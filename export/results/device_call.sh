@@ -23,14 +23,16 @@ run_part() {
 }
 # run_arm PKG ARM REP NAME CAP BENCH ARGS...: `python -m g4rt.bench.BENCH --out DIR ARGS` with the package
 # in PKG (a folder holding g4rt/: this checkout's /tmp/pkg, or a `git archive` of another commit), its
-# records tagged with the arm and the repetition, appended to $OUT/NAME.jsonl.
+# records tagged with the arm and the repetition (the process), appended to $OUT/NAME.jsonl; a record's own `arm`
+# or `rep` is kept as `bench_arm` / `bench_rep`, so neither the tag nor the bench's field is lost.
 run_arm() {
   local pkg=$1 arm=$2 rep=$3 name=$4 cap=$5 bench=$6 d="$OUT/${4}_${2}_$3"; shift 6
   [ -d "$pkg/g4rt" ] || { echo "[$TAG] no $pkg/g4rt: git archive it first"; return 1; }
   PYTHONPATH=$pkg run_part "${name}_${arm}_$rep" "$cap" python3 -m "g4rt.bench.$bench" --out "$d" "$@"
   for f in "$d"/*.jsonl; do
-    python3 -c "import json,sys; [print(json.dumps({'arm': sys.argv[1], 'rep': int(sys.argv[2]), **json.loads(l)}))
-      for l in open(sys.argv[3])]" "$arm" "$rep" "$f" >> "$OUT/$name.jsonl"
+    python3 -c "import json,sys; t = {'arm': sys.argv[1], 'rep': int(sys.argv[2])}
+[print(json.dumps({**t, **{'bench_' + k if k in t else k: v for k, v in json.loads(l).items()}}))
+ for l in open(sys.argv[3])]" "$arm" "$rep" "$f" >> "$OUT/$name.jsonl"
   done
   rm -rf "$d"
 }
